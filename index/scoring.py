@@ -1,0 +1,26 @@
+"""Exact page scores that are not a plain inner product."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def quest_bound(queries: np.ndarray, upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Quest upper bound of each page's attention logit, averaged over the queries.
+
+    queries: [Q, D]; upper, lower: [N, D] (elementwise max / min of each page's keys).
+    Returns [N] float32: ``mean_q sum_d max(q_d * upper_d, q_d * lower_d)``.
+
+    For every page and query this is >= ``max_t q . k_t`` over the page's keys, so the mean
+    over queries is >= ``max_t mean_q q . k_t``. Since ``max(q*u, q*l) = relu(q)*u +
+    min(q, 0)*l`` when ``u >= l``, the mean over queries is two matrix-vector products over
+    all N pages: brute force, exact, O(N * D). Computed in float64 so rounding cannot break
+    the bound by more than the final cast to float32.
+    """
+    q = np.asarray(queries, dtype=np.float64)  # [Q, D]
+    pos = np.maximum(q, 0.0).mean(axis=0)  # [D]
+    neg = np.minimum(q, 0.0).mean(axis=0)  # [D]
+    upper = np.asarray(upper, dtype=np.float64)  # [N, D]
+    lower = np.asarray(lower, dtype=np.float64)  # [N, D]
+    # NOTE: multiply-and-sum rather than BLAS gemv keeps the bytes independent of BLAS threads.
+    return ((upper * pos).sum(axis=1) + (lower * neg).sum(axis=1)).astype(np.float32)

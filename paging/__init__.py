@@ -1,0 +1,22 @@
+"""paging: byte-exact KV pages and the tiers that hold them (device, host, LMDB).
+
+Knows tensors and bytes, never models: it must not import tieredkv, transformers or index.
+"""
+
+from .device_tier import DeviceTier
+from .errors import (CorruptPageError, LayoutMismatchError, ManifestNotFoundError,
+                     PageConflictError, PageNotFoundError, PagingError, StoreFullError)
+from .host_tier import HostTier
+from .layout import PageLayout
+from .lmdb_tier import LMDBTier
+from .page import FORMAT_VERSION, ROOT_KEY, Page, page_key
+from .policy import LRUPolicy
+from .store import PageStore, StoreConfig
+from .tier import Tier
+
+__all__ = [
+    "CorruptPageError", "DeviceTier", "FORMAT_VERSION", "HostTier", "LMDBTier",
+    "LRUPolicy", "LayoutMismatchError", "ManifestNotFoundError", "Page", "PageConflictError",
+    "PageLayout", "PageNotFoundError", "PageStore", "PagingError", "ROOT_KEY",
+    "StoreConfig", "StoreFullError", "Tier", "page_key",
+]

@@ -1,0 +1,52 @@
+"""Typed errors of the page store. Each message says what to do next."""
+
+from __future__ import annotations
+
+
+class PagingError(Exception):
+    """Base class of every error raised by `paging`."""
+
+
+class CorruptPageError(PagingError):
+    """Bytes of a page (or manifest) failed verification; they are never served.
+
+    `key` is the page key (or artifact id) the bytes were stored under, `reason` says
+    which check failed. Recompute the page, or re-import it from a verified artifact.
+    """
+
+    def __init__(self, key: str | None, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(
+            f"corrupt page {key!r}: {reason}; the bytes were not used — recompute the "
+            f"page or re-import it from a verified artifact"
+        )
+
+    def __reduce__(self):  # keep pickling (multiprocessing) working with two args
+        return (type(self), (self.key, self.reason))
+
+
+class PageNotFoundError(PagingError, KeyError):
+    """No tier holds the page."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "page not found"
+
+
+class PageConflictError(PagingError):
+    """The same key was written with different bytes: an integrity alarm."""
+
+
+class LayoutMismatchError(PagingError):
+    """A layout (geometry / dtype) is invalid or does not match the expected one."""
+
+
+class StoreFullError(PagingError):
+    """The disk is full or the LMDB map reached `max_map_size`; nothing was written."""
+
+
+class ManifestNotFoundError(PagingError, KeyError):
+    """No manifest is stored under that artifact id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "manifest not found"

@@ -1,0 +1,449 @@
+"""Persistent tier: every page in LMDB on local disk, verified on every read.
+
+Sub-databases::
+
+    pages       page key (64 ascii hex)  -> Page.to_bytes()
+    manifests   artifact id (utf-8)      -> sha256(data) hex (64 ascii) | data
+    quarantine  page key                 -> raw bytes that failed verification
+    meta        name (utf-8)             -> value (utf-8); internal names start "__paging"
+
+NOTE (py-lmdb rules, see REFERENCES.md): never writemap (full disk -> SIGBUS); one
+environment per path per process; every transaction in `with`, bytes copied out before
+it ends; grow the map only with no transaction open (hence `_lock`); open after fork.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import struct
+import threading
+from typing import Callable, Iterable, Iterator, TypeVar
+
+import lmdb
+
+from .errors import (CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
+                     StoreFullError)
+from .page import FORMAT_VERSION, Page
+from .tier import Tier
+
+T = TypeVar("T")
+_OPEN_PATHS: set[str] = set()
+_OPEN_LOCK = threading.Lock()
+_PAYLOAD_NBYTES = b"__paging.payload_nbytes"
+_FORMAT = b"__paging.format_version"
+_KEY_BATCH = 1024
+_MAX_WRITE_ATTEMPTS = 16
+_DISK_SLACK = 16 << 20  # free bytes under which an I/O error means "disk full"
+_PREFIX = struct.Struct("<4sIQ")
+
+
+def _payload_len(raw: bytes) -> int:
+    """Payload length implied by the framing prefix (clamped; exact for intact pages)."""
+    if len(raw) < _PREFIX.size:
+        return 0
+    header_len = _PREFIX.unpack_from(raw, 0)[2]
+    return max(0, len(raw) - _PREFIX.size - min(header_len, len(raw)))
+
+
+def _disk_free(path: str) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+def _is_disk_full(exc: lmdb.Error, path: str, nbytes_hint: int) -> bool:
+    """ENOSPC, or an I/O error while the disk has (almost) no room left.
+
+    NOTE: without writemap, LMDB reports a short write on a full disk as EIO, not ENOSPC.
+    """
+    if isinstance(exc, lmdb.DiskError) or "No space left" in str(exc):
+        return True
+    return _disk_free(path) < 2 * nbytes_hint + _DISK_SLACK
+
+
+class LMDBTier(Tier):
+    """Every page, persistent. `put` never returns False: it raises StoreFullError."""
+
+    name = "lmdb"
+
+    def __init__(self, path: str | os.PathLike, *, map_size: int = 1 << 30,
+                 max_map_size: int | None = None, readonly: bool = False) -> None:
+        if map_size <= 0 or (max_map_size is not None and max_map_size < map_size):
+            raise PagingError(f"need 0 < map_size <= max_map_size, got {map_size}, "
+                              f"{max_map_size}")
+        self.path = os.path.realpath(os.fspath(path))
+        self.max_map_size = max_map_size
+        self.readonly = readonly
+        self.verified_reads = 0
+        self.corrupt_detected = 0
+        self.quarantined = 0
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        with _OPEN_LOCK:
+            if self.path in _OPEN_PATHS:
+                raise PagingError(
+                    f"LMDB store {self.path} is already open in this process; LMDB forbids "
+                    f"opening one path twice — share the open PageStore/LMDBTier instead")
+            _OPEN_PATHS.add(self.path)
+        self._env = None
+        try:
+            if not readonly:
+                os.makedirs(self.path, exist_ok=True)
+            self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
+                                  writemap=False, sync=True, metasync=True, readahead=False,
+                                  lock=True, readonly=readonly)
+            self._env.reader_check()  # clear reader slots of killed processes
+            self._dbs = {name: self._env.open_db(name.encode(), create=not readonly)
+                         for name in ("pages", "manifests", "quarantine", "meta")}
+            self._check_format()
+        except BaseException as exc:
+            if self._env is not None:
+                self._env.close()
+            self._unregister()
+            if isinstance(exc, lmdb.Error):
+                raise PagingError(f"cannot open LMDB store {self.path}: {exc}") from exc
+            raise
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _check_format(self) -> None:
+        with self._env.begin(db=self._dbs["meta"]) as txn:
+            stored = txn.get(_FORMAT)
+        if stored is None and not self.readonly:
+            self._write(lambda txn: txn.put(_FORMAT, str(FORMAT_VERSION).encode(),
+                                            db=self._dbs["meta"]))
+        elif stored is not None and stored != str(FORMAT_VERSION).encode():
+            raise PagingError(f"store {self.path} holds page format {stored.decode()!r}; "
+                              f"this build writes {FORMAT_VERSION} — use a matching build")
+
+    def _unregister(self) -> None:
+        with _OPEN_LOCK:
+            _OPEN_PATHS.discard(self.path)
+
+    def reader_check(self) -> int:
+        """Free reader slots left by killed processes; returns how many were freed."""
+        return self._env.reader_check()
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise PagingError(f"LMDB store {self.path} was opened in process {self._pid} and "
+                              f"used in {os.getpid()} after fork(); open it in the child "
+                              f"(use the multiprocessing 'spawn' context)")
+
+    def _read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        self._check_process()
+        with self._lock:
+            try:
+                with self._env.begin() as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                self._env.set_mapsize(0)
+            except lmdb.ReadersFullError:  # maybe slots of killed processes
+                self._env.reader_check()
+            with self._env.begin() as txn:
+                return fn(txn)
+
+    def _write(self, fn: Callable[[lmdb.Transaction], T], nbytes_hint: int = 0) -> T:
+        """Run `fn` in one write transaction; on MapFullError grow the map and retry.
+
+        The aborted attempt leaves nothing behind, so a batch is all-or-nothing.
+        """
+        if self.readonly:
+            raise PagingError(f"store {self.path} is open read-only; reopen it writable")
+        self._check_process()
+        with self._lock:
+            for _ in range(_MAX_WRITE_ATTEMPTS - 1):
+                try:
+                    with self._env.begin(write=True) as txn:
+                        return fn(txn)
+                except lmdb.MapResizedError:
+                    self._env.set_mapsize(0)
+                except lmdb.ReadersFullError:
+                    self._env.reader_check()
+                except lmdb.MapFullError:
+                    self._grow(nbytes_hint)
+                except lmdb.Error as exc:
+                    if _is_disk_full(exc, self.path, nbytes_hint):
+                        raise StoreFullError(
+                            f"disk full while writing to {self.path} "
+                            f"({_disk_free(self.path)} bytes free); nothing was written — "
+                            f"free disk space or move the store") from exc
+                    raise PagingError(f"LMDB write to {self.path} failed ({exc}); the "
+                                      f"transaction was rolled back") from exc
+            raise StoreFullError(f"write to {self.path} still did not fit after "
+                                 f"{_MAX_WRITE_ATTEMPTS} map resizes; nothing was written")
+
+    def _grow(self, nbytes_hint: int) -> None:
+        cur = self.map_size
+        new = max(2 * cur, cur + 2 * nbytes_hint + (1 << 20))
+        if self.max_map_size is not None:
+            new = min(new, self.max_map_size)
+        if new <= cur:
+            raise StoreFullError(
+                f"LMDB map of {self.path} is full at max_map_size={cur} bytes; nothing was "
+                f"written — raise max_map_size, delete pages, or use a new store")
+        try:
+            self._env.set_mapsize(new)
+        except lmdb.Error as exc:
+            raise StoreFullError(f"cannot grow LMDB map of {self.path} to {new} bytes "
+                                 f"({exc}); nothing was written — free disk space") from exc
+
+    def _add_payload(self, txn: lmdb.Transaction, delta: int) -> None:
+        meta = self._dbs["meta"]
+        cur = int(txn.get(_PAYLOAD_NBYTES, b"0", db=meta))
+        txn.put(_PAYLOAD_NBYTES, str(max(0, cur + delta)).encode(), db=meta)
+
+    @staticmethod
+    def _is_valid(raw: bytes, key: str) -> bool:
+        try:
+            Page.from_bytes(raw, expected_key=key)
+            return True
+        except CorruptPageError:
+            return False
+
+    def _quarantine_in(self, txn: lmdb.Transaction, key: str, raw: bytes) -> bool:
+        """Move `raw` from pages to quarantine if it is still what pages holds."""
+        k = key.encode()
+        txn.put(k, raw, db=self._dbs["quarantine"])
+        if txn.get(k, db=self._dbs["pages"]) != raw:
+            return False
+        txn.delete(k, db=self._dbs["pages"])
+        self._add_payload(txn, -_payload_len(raw))
+        return True
+
+    def _quarantine(self, key: str, raw: bytes) -> bool:
+        self.corrupt_detected += 1
+        if self.readonly:
+            return False
+        moved = self._write(lambda txn: self._quarantine_in(txn, key, raw))
+        self.quarantined += int(moved)
+        return moved
+
+    # -- pages ------------------------------------------------------------------------
+    def put(self, page: Page) -> bool:
+        return self.put_many([page])[0]
+
+    def put_many(self, pages: Iterable[Page]) -> list[bool]:
+        """Write every page in one transaction (all or nothing).
+
+        Same key + same bytes is a no-op. Same key + other bytes raises PageConflictError
+        (nothing written) unless the stored bytes fail verification, in which case they
+        are quarantined and replaced.
+        """
+        items = [(p.key.encode(), p.to_bytes()) for p in pages]
+        db = self._dbs["pages"]
+        replaced: list[str] = []
+
+        def txn_fn(txn: lmdb.Transaction) -> list[bool]:
+            replaced.clear()
+            added = 0
+            for k, value in items:
+                old = txn.get(k, db=db)
+                if old == value:
+                    continue
+                if old is not None:
+                    if self._is_valid(old, k.decode()):
+                        raise PageConflictError(
+                            f"page {k.decode()} is stored with different bytes: the same "
+                            f"token chain produced different KV — check the determinism "
+                            f"domain (model, dtype, device, versions, chunk schedule)")
+                    self._quarantine_in(txn, k.decode(), old)
+                    replaced.append(k.decode())
+                txn.put(k, value, db=db)
+                added += _payload_len(value)
+            self._add_payload(txn, added)
+            return [True] * len(items)
+
+        out = self._write(txn_fn, nbytes_hint=sum(len(v) for _, v in items))
+        self.corrupt_detected += len(replaced)
+        self.quarantined += len(replaced)
+        return out
+
+    def get_raw(self, key: str) -> bytes | None:
+        """Stored bytes of `key`, unverified (for check / export)."""
+        return self._read(lambda txn: txn.get(key.encode(), db=self._dbs["pages"]))
+
+    def get(self, key: str) -> Page | None:
+        """The verified page, or None. Corrupt bytes are quarantined and re-raised."""
+        raw = self.get_raw(key)
+        if raw is None:
+            return None
+        try:
+            page = Page.from_bytes(raw, expected_key=key)
+        except CorruptPageError:
+            self._quarantine(key, raw)
+            raise
+        self.verified_reads += 1
+        return page
+
+    def contains(self, key: str) -> bool:
+        return self._read(lambda txn: txn.get(key.encode(), db=self._dbs["pages"])
+                          is not None)
+
+    def remove(self, key: str) -> bool:
+        def txn_fn(txn: lmdb.Transaction) -> bool:
+            raw = txn.get(key.encode(), db=self._dbs["pages"])
+            if raw is None:
+                return False
+            txn.delete(key.encode(), db=self._dbs["pages"])
+            self._add_payload(txn, -_payload_len(raw))
+            return True
+        return self._write(txn_fn)
+
+    def _iter_keys(self, db_name: str) -> Iterator[bytes]:
+        """Keys in order, read in short transactions of `_KEY_BATCH` keys."""
+        last: bytes | None = None
+        while True:
+            def batch(txn: lmdb.Transaction) -> list[bytes]:
+                cur = txn.cursor(db=self._dbs[db_name])
+                if last is None:
+                    ok = cur.first()
+                else:
+                    ok = cur.set_range(last)
+                    if ok and cur.key() == last:
+                        ok = cur.next()
+                out: list[bytes] = []
+                while ok and len(out) < _KEY_BATCH:
+                    out.append(cur.key())
+                    ok = cur.next()
+                return out
+            keys = self._read(batch)
+            yield from keys
+            if len(keys) < _KEY_BATCH:
+                return
+            last = keys[-1]
+
+    def keys(self) -> Iterator[str]:
+        return (k.decode() for k in self._iter_keys("pages"))
+
+    def quarantined_keys(self) -> list[str]:
+        return [k.decode() for k in self._iter_keys("quarantine")]
+
+    def get_quarantined(self, key: str) -> bytes | None:
+        return self._read(lambda txn: txn.get(key.encode(), db=self._dbs["quarantine"]))
+
+    @property
+    def num_pages(self) -> int:
+        return self._read(lambda txn: txn.stat(self._dbs["pages"])["entries"])
+
+    @property
+    def num_quarantined(self) -> int:
+        return self._read(lambda txn: txn.stat(self._dbs["quarantine"])["entries"])
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes of the stored pages (a counter kept in the same transactions)."""
+        return int(self._read(lambda txn: txn.get(_PAYLOAD_NBYTES, b"0",
+                                                  db=self._dbs["meta"])))
+
+    @property
+    def disk_nbytes(self) -> int:
+        """Size of data.mdb on disk."""
+        return os.path.getsize(os.path.join(self.path, "data.mdb"))
+
+    @property
+    def map_size(self) -> int:
+        return self._env.info()["map_size"]
+
+    def check(self, sample: float = 1.0, seed: int = 0) -> dict:
+        """Re-verify a `sample` fraction of the pages; quarantine the corrupt ones."""
+        if not 0.0 <= sample <= 1.0:
+            raise PagingError(f"check sample must be in [0, 1], got {sample}")
+        rng = random.Random(seed)
+        checked = ok = 0
+        bad: list[str] = []
+        for key in list(self.keys()):
+            if sample < 1.0 and rng.random() >= sample:
+                continue
+            raw = self.get_raw(key)
+            if raw is None:
+                continue  # removed meanwhile
+            checked += 1
+            if self._is_valid(raw, key):
+                ok += 1
+            else:
+                self._quarantine(key, raw)
+                bad.append(key)
+        return {"checked": checked, "ok": ok, "corrupt": len(bad), "quarantined_keys": bad}
+
+    # -- manifests and meta -----------------------------------------------------------
+    @staticmethod
+    def _id(artifact_id: str) -> bytes:
+        if not isinstance(artifact_id, str) or not artifact_id:
+            raise PagingError(f"artifact id must be a non-empty str, got {artifact_id!r}")
+        k = artifact_id.encode("utf-8")
+        if len(k) > 511:
+            raise PagingError(f"artifact id is {len(k)} bytes; LMDB keys are at most 511")
+        return k
+
+    def put_manifest(self, artifact_id: str, data: bytes) -> None:
+        """Store `data` under `artifact_id`. Same bytes again is a no-op; other bytes
+        raise PageConflictError (delete_manifest first to replace it)."""
+        k = self._id(artifact_id)
+        value = hashlib.sha256(data).hexdigest().encode("ascii") + bytes(data)
+        db = self._dbs["manifests"]
+
+        def txn_fn(txn: lmdb.Transaction) -> None:
+            old = txn.get(k, db=db)
+            if old == value:
+                return
+            if old is not None:
+                raise PageConflictError(
+                    f"manifest {artifact_id!r} exists with other bytes; delete_manifest "
+                    f"first if replacing it is intended")
+            txn.put(k, value, db=db)
+        self._write(txn_fn, nbytes_hint=len(value))
+
+    def get_manifest(self, artifact_id: str) -> bytes:
+        k = self._id(artifact_id)
+        raw = self._read(lambda txn: txn.get(k, db=self._dbs["manifests"]))
+        if raw is None:
+            raise ManifestNotFoundError(
+                f"no manifest {artifact_id!r} in {self.path}; list_manifests() shows what "
+                f"is stored — deposit or import the artifact first")
+        digest, data = raw[:64], raw[64:]
+        if len(raw) < 64 or hashlib.sha256(data).hexdigest().encode("ascii") != digest:
+            self.corrupt_detected += 1
+            raise CorruptPageError(artifact_id, "manifest sha256 mismatch")
+        return data
+
+    def list_manifests(self) -> list[str]:
+        return [k.decode("utf-8") for k in self._iter_keys("manifests")]
+
+    def delete_manifest(self, artifact_id: str) -> bool:
+        k = self._id(artifact_id)
+        return self._write(lambda txn: txn.delete(k, db=self._dbs["manifests"]))
+
+    def get_meta(self, name: str) -> str | None:
+        raw = self._read(lambda txn: txn.get(name.encode("utf-8"), db=self._dbs["meta"]))
+        return None if raw is None else raw.decode("utf-8")
+
+    def set_meta(self, name: str, value: str) -> None:
+        if not isinstance(name, str) or not name or name.startswith("__paging"):
+            raise PagingError(f"meta name {name!r} is empty or reserved (\"__paging*\")")
+        if not isinstance(value, str):
+            raise PagingError(f"meta values are str, got {type(value).__name__}")
+        self._write(lambda txn: txn.put(name.encode("utf-8"), value.encode("utf-8"),
+                                        db=self._dbs["meta"]))
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        try:
+            self._env.close()
+        finally:
+            self._unregister()
+
+    def __enter__(self) -> "LMDBTier":
+        return self
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,229 @@
+"""Deposit and graft: knowledge prefilled once, kept as byte-exact pages, grafted at its own positions.
+
+    deposit:  ids ──canonical chunks──> model ──CaptureCache──> Page.seal ──> store (LMDB + host)
+                                                                     └──> manifest (written last)
+    graft:    manifest ──> pages (SHA-256 verified, chain checked) ──> DynamicCache at positions [0, N)
+
+NOTE: the manifest is committed after every page it names, in its own transaction, so a deposit
+killed half-way leaves verified pages and no visible artifact.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from paging import ROOT_KEY, Page, PageLayout, PageStore, page_key
+from paging.errors import ManifestNotFoundError
+from tieredkv.capture import CaptureCache
+from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
+from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
+from tieredkv.models import LoadedModel
+from tieredkv.schedule import canonical_chunks
+
+MANIFEST_FORMAT = 1
+STORE_FINGERPRINT_META = "model_fingerprint"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A deposited context: a hash chain of pages plus what is needed to check a graft of it."""
+
+    artifact_id: str
+    fingerprint: str
+    domain: dict[str, Any]
+    num_tokens: int
+    page_size: int
+    page_keys: tuple[str, ...]
+    token_ids_sha256: str
+    layout: dict[str, Any]
+    name: str = ""
+
+    @property
+    def root_sha256(self) -> str:
+        """The last page key: it commits to the model, every token id and every position before it."""
+        return self.page_keys[-1]
+
+    def to_json(self) -> bytes:
+        d = {"format": MANIFEST_FORMAT, "artifact": self.artifact_id, "model_fingerprint": self.fingerprint,
+             "domain": self.domain, "domain_id": domain_id(self.domain), "tokens": self.num_tokens,
+             "page_size": self.page_size, "pages": list(self.page_keys), "root_sha256": self.root_sha256,
+             "token_ids_sha256": self.token_ids_sha256, "layout": self.layout, "name": self.name}
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Artifact":
+        d = json.loads(data)
+        return cls(d["artifact"], d["model_fingerprint"], d["domain"], int(d["tokens"]), int(d["page_size"]),
+                   tuple(d["pages"]), d["token_ids_sha256"], d["layout"], d.get("name", ""))
+
+    def summary(self) -> dict[str, Any]:
+        return {"artifact": self.artifact_id, "tokens": self.num_tokens, "pages": len(self.page_keys),
+                "page_size": self.page_size, "root_sha256": self.root_sha256,
+                "token_ids_sha256": self.token_ids_sha256, "model_fingerprint": self.fingerprint,
+                "domain_id": domain_id(self.domain)}
+
+
+def bind_store(store: PageStore, lm: LoadedModel) -> None:
+    """A store holds one model's pages: record the fingerprint on first use, refuse another model after."""
+    recorded = store.get_meta(STORE_FINGERPRINT_META)
+    if recorded is None:
+        store.set_meta(STORE_FINGERPRINT_META, lm.fingerprint)
+    elif recorded != lm.fingerprint:
+        raise ModelMismatchError(f"store {store.path}", recorded, lm.fingerprint)
+
+
+def encode_source(lm: LoadedModel, source: str | Sequence[int]) -> list[int]:
+    ids = lm.codec.encode(source) if isinstance(source, str) else [int(i) for i in source]
+    if not ids:
+        raise EmptyInputError("nothing to deposit: the text is empty")
+    return ids
+
+
+@torch.inference_mode()
+def prefill(lm: LoadedModel, ids: Sequence[int], cache, *, start: int = 0, page_size: int,
+            on_chunk: Callable[[int, int, Any], None] | None = None, logits_to_keep: int = 1):
+    """Canonical prefill of `ids` (absolute positions `[start, start+len)`) into `cache`.
+
+    Returns the logits of the last chunk (its last `logits_to_keep` positions; 0 = all).
+    """
+    out = None
+    for s, e in canonical_chunks(start, start + len(ids), page_size):
+        x = torch.tensor([ids[s - start:e - start]], device=lm.model.device)
+        pos = torch.arange(s, e, device=lm.model.device)[None]
+        out = lm.model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
+                       logits_to_keep=logits_to_keep)
+        if on_chunk is not None:
+            on_chunk(s, e, out)
+    return None if out is None else out.logits
+
+
+def _artifact_id(fingerprint: str, root: str, dom_id: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{fingerprint}:{dom_id}:{root}".encode()).hexdigest()[:20]
+
+
+@torch.inference_mode()
+def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, page_size: int | None = None,
+            name: str = "", progress: Callable[[int, int], None] | None = None) -> Artifact:
+    """Prefill `source` with the canonical schedule, seal one page per chunk, write them, then the manifest.
+
+    Pages already in the store (same chain, same model) are grafted instead of recomputed: the
+    contract makes both give the same bytes, so a deposit that extends an earlier one costs only
+    its new tokens.
+    """
+    ids = encode_source(lm, source)
+    bind_store(store, lm)
+    page_size = page_size or lm.default_page_size
+    fp = lm.fingerprint
+    domain = determinism_domain(lm.model, fp, page_size)
+    chunks = list(canonical_chunks(0, len(ids), page_size))
+    keys, parent = [], ROOT_KEY
+    for s, e in chunks:
+        parent = page_key(fp, parent, ids[s:e], s)
+        keys.append(parent)
+    num_reused = 0
+    while num_reused < len(keys) and store.contains(keys[num_reused]):
+        num_reused += 1
+    cache = CaptureCache(lm.model.config)
+    layout = None
+    if num_reused:
+        pages = [store.get(k) for k in keys[:num_reused]]
+        layout = pages[0].layout
+        _fill_cache(cache, pages, lm.model.device)
+    pending: list[Page] = []
+
+    def seal(s: int, e: int, _out) -> None:
+        nonlocal layout
+        k, v = cache.take()
+        if layout is None:
+            layout = PageLayout(num_layers=len(k), num_kv_heads=k[0].shape[0], head_dim=k[0].shape[-1],
+                                dtype=str(k[0].dtype).replace("torch.", ""), page_size=page_size)
+        i = s // page_size
+        parent_key = keys[i - 1] if i else ROOT_KEY
+        page = Page.seal(layout, fp, parent_key, s, ids[s:e], k, v)
+        assert page.key == keys[i], "page key does not match the chain computed up front"
+        pending.append(page)
+        if len(pending) >= 8:
+            store.put_many(pending)
+            pending.clear()
+        if progress is not None:
+            progress(e, len(ids))
+
+    start = num_reused * page_size if num_reused < len(keys) else len(ids)
+    prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)
+    if pending:
+        store.put_many(pending)
+    if layout is None:  # everything was reused
+        layout = store.get(keys[0]).layout
+    root = keys[-1]
+    art = Artifact(_artifact_id(fp, root, domain_id(domain)), fp, domain, len(ids), page_size, tuple(keys),
+                   sha256_ids(ids), layout.to_dict(), name)
+    store.put_manifest(art.artifact_id, art.to_json())
+    return art
+
+
+def load_artifact(store: PageStore, artifact_id: str) -> Artifact:
+    """Find an artifact by id (or unique id prefix) in `store`."""
+    try:
+        return Artifact.from_json(store.get_manifest(artifact_id))
+    except ManifestNotFoundError:
+        pass
+    matches = [a for a in store.list_manifests() if a.startswith(artifact_id)] if artifact_id else []
+    if len(matches) == 1:
+        return Artifact.from_json(store.get_manifest(matches[0]))
+    known = store.list_manifests()
+    hint = f"known: {', '.join(known[:10])}" if known else "the store holds no artifacts"
+    what = "ambiguous prefix" if matches else "no artifact"
+    raise ArtifactNotFoundError(f"{what} {artifact_id!r} in store {store.path} ({hint}); "
+                                "`tieredkv stats --store DIR` lists them")
+
+
+def load_pages(store: PageStore, art: Artifact) -> list[Page]:
+    """Every page of `art`, SHA-256-verified by the store, with the chain re-checked."""
+    pages, parent, pos = [], ROOT_KEY, 0
+    for key in art.page_keys:
+        page = store.get(key)  # raises CorruptPageError: never served
+        assert page.parent_key == parent and page.start == pos, f"page {key} breaks the chain"
+        pages.append(page)
+        parent, pos = key, pos + page.num_tokens
+    assert pos == art.num_tokens
+    return pages
+
+
+def _fill_cache(cache: DynamicCache, pages: list[Page], device) -> None:
+    num_layers = pages[0].layout.num_layers
+    for layer in range(num_layers):
+        kv = [p.layer_kv(layer, device=device) for p in pages]
+        k = torch.cat([k for k, _ in kv], dim=1)[None]  # [1, Hkv, N, D]
+        v = torch.cat([v for _, v in kv], dim=1)[None]
+        cache.update(k, v, layer)
+    if isinstance(cache, CaptureCache):
+        cache.take()  # grafted K/V are not new pages
+
+
+def graft(lm: LoadedModel, artifact: Artifact | str, store: PageStore, *, allow_domain_mismatch: bool = False,
+          cache: DynamicCache | None = None) -> DynamicCache:
+    """Load `artifact` into a fresh cache at its own positions `[0, N)`.
+
+    The plain HF `forward()` / `generate()` then continue from position N, with logits byte-equal
+    to a fresh prefill under the same chunk schedule.
+    """
+    art = load_artifact(store, artifact) if isinstance(artifact, str) else artifact
+    if art.fingerprint != lm.fingerprint:
+        raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, lm.fingerprint)
+    current = determinism_domain(lm.model, lm.fingerprint, art.page_size)
+    check_domain(art.domain, current, allow_mismatch=allow_domain_mismatch, what=f"artifact {art.artifact_id}")
+    pages = load_pages(store, art)
+    cache = cache if cache is not None else DynamicCache(config=lm.model.config)
+    _fill_cache(cache, pages, lm.model.device)
+    cache.tieredkv_artifact = art
+    return cache
+
+
+def grafted_token_ids(store: PageStore, art: Artifact) -> list[int]:
+    return [t for p in load_pages(store, art) for t in p.token_ids]

@@ -1,0 +1,48 @@
+"""Typed errors of the model-integration layer. Each message says what to do next."""
+from __future__ import annotations
+
+from paging.errors import PagingError
+
+
+class TieredKVError(Exception):
+    """Base class for errors raised by tieredkv (model integration, artifacts, CLI)."""
+
+
+class ModelNotFoundError(TieredKVError):
+    """The model name is neither a built-in name nor a local directory."""
+
+
+class ModelMismatchError(TieredKVError):
+    """An artifact or store was made by another model (fingerprints differ)."""
+
+    def __init__(self, what: str, expected: str, actual: str):
+        self.expected, self.actual = expected, actual
+        super().__init__(
+            f"{what} was made by model {expected[:16]}…; this model is {actual[:16]}… "
+            f"(full: {expected} vs {actual}). Load the matching model or re-deposit."
+        )
+
+
+class DomainMismatchError(TieredKVError):
+    """Grafting across determinism domains: the byte-exact guarantee does not hold."""
+
+
+class ArtifactNotFoundError(TieredKVError, KeyError):
+    """No artifact with that id in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class EmptyInputError(TieredKVError, ValueError):
+    """Empty text, document or question."""
+
+
+class UnsupportedModelError(TieredKVError):
+    """The model lacks something an operation needs (rotary embeddings for --shift, say)."""
+
+
+__all__ = [
+    "TieredKVError", "ModelNotFoundError", "ModelMismatchError", "DomainMismatchError",
+    "ArtifactNotFoundError", "EmptyInputError", "UnsupportedModelError", "PagingError",
+]

@@ -1,0 +1,232 @@
+"""The Cache subclass behind `TieredModel`: pages out, working set in.
+
+    model layer l ──update(k, v)──> TieredLayer.tail  (unsealed tokens + the current chunk)
+                                        │ full page (all layers) ──seal──> PageStore (LMDB + host)
+                                        │                             └──> PageIndex summaries
+    attention(l, q) ──working_set──> [sink | retrieved | local pages | tail] from the device tier
+
+`get_seq_length()` is the absolute number of tokens seen (it drives positions and generate()),
+never the working-set size.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+
+from index import PageIndex, summarize
+from paging import ROOT_KEY, Page, PageLayout, PageStore
+from tieredkv.tiered_config import TieredConfig
+from tieredkv.working_set import Span, build_mask, fixed_positions, retrieval_excluded, select_pages, sliding_spans
+
+
+class TieredLayer(CacheLayerMixin):
+    """One layer: the unsealed tail lives here; sealed pages live in the store."""
+
+    is_compileable = False
+
+    def __init__(self, owner: "TieredCache", layer_idx: int, sliding_window: int | None):
+        super().__init__()
+        self.owner, self.layer_idx, self.sliding_window = owner, layer_idx, sliding_window
+        self.is_sliding = sliding_window is not None
+        self.num_tokens = 0  # absolute tokens written to this layer
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states[0, :, :0]  # tail K: [Hkv, t, D]
+        self.values = value_states[0, :, :0]
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        # k, v: [1, Hkv, q, D], post-rotary at absolute positions [num_tokens, num_tokens + q)
+        assert key_states.shape[0] == 1, "TieredModel runs one sequence (batch size 1)"
+        if self.layer_idx == 0:
+            self.owner.seal_full_pages()
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys = torch.cat([self.keys, key_states[0]], dim=1)
+        self.values = torch.cat([self.values, value_states[0]], dim=1)
+        self.num_tokens += key_states.shape[-2]
+        return key_states, value_states
+
+    def drop_front(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.keys[:, :n], self.values[:, :n]
+        self.keys, self.values = self.keys[:, n:], self.values[:, n:]
+        return k, v
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        # The attention function builds its own mask from absolute positions; keep transformers'
+        # mask tiny (it is ignored) instead of [q, whole context].
+        return query_length, self.owner.get_seq_length()
+
+    def get_seq_length(self) -> int:
+        return self.num_tokens
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class TieredCache(Cache):
+    """Pages of one growing context, with a working set per layer fetched through the store's tiers."""
+
+    def __init__(self, model, store: PageStore, config: TieredConfig, *, fingerprint: str, page_size: int):
+        text_config = model.config.get_text_config(decoder=True)
+        types, kwargs = get_layer_types_and_kwargs(text_config)
+        layers = [TieredLayer(self, i, kw.get("sliding_window") if t != "full_attention" else None)
+                  for i, (t, kw) in enumerate(zip(types, kwargs))]
+        super().__init__(layers=layers)
+        self.model, self.store, self.config = model, store, config
+        self.page_size = page_size
+        self.fingerprint = fingerprint  # regime fingerprint: what page keys hash
+        self.token_ids: list[int] = []  # ids of unsealed tokens (filled by the embedding hook)
+        self.spans: list[Span] = []
+        self.page_keys: list[str] = []
+        self.layout: PageLayout | None = None
+        self.index: PageIndex | None = None
+        self._unwritten: list[Page] = []
+        self.retrieval_log: list[list[int]] = []  # pages selected per (layer, forward) beyond sink/local
+        self.fetch_counts = {"device_hits": 0, "fetches": 0}
+
+    # ------------------------------------------------------------------ bookkeeping
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[0].num_tokens
+
+    @property
+    def sealed_upto(self) -> int:
+        return self.spans[-1].end if self.spans else 0
+
+    def note_input_ids(self, ids: list[int]) -> None:
+        self.token_ids.extend(int(i) for i in ids)
+
+    def _ensure_layout(self) -> PageLayout:
+        if self.layout is None:
+            ref = self.layers[0]
+            self.layout = PageLayout(num_layers=len(self.layers), num_kv_heads=ref.keys.shape[0],
+                                     head_dim=ref.keys.shape[-1], dtype=str(ref.dtype).replace("torch.", ""),
+                                     page_size=self.page_size)
+            self.index = PageIndex(len(self.layers), self.layout.num_kv_heads, self.layout.head_dim,
+                                   method=self.config.summary, num_repr=self.config.num_repr)
+        return self.layout
+
+    # ------------------------------------------------------------------ sealing
+    def _next_boundary(self) -> int:
+        return (self.sealed_upto // self.page_size + 1) * self.page_size
+
+    def seal_full_pages(self) -> None:
+        """Seal every complete page held in the tails (called before a forward writes new K/V)."""
+        while self.layers[0].is_initialized and self.get_seq_length() >= self._next_boundary():
+            self._seal(self._next_boundary())
+
+    def flush(self, *, partial: bool = True) -> None:
+        """Seal complete pages, and the partial last page too when `partial`; write everything out."""
+        self.seal_full_pages()
+        if partial and self.layers[0].is_initialized and self.get_seq_length() > self.sealed_upto:
+            self._seal(self.get_seq_length())
+        self._write()
+
+    def _seal(self, end: int) -> None:
+        layout = self._ensure_layout()
+        start = self.sealed_upto
+        n = end - start
+        assert len(self.token_ids) >= n, "token ids missing: run the model through TieredModel (input_ids)"
+        kv = [layer.drop_front(n) for layer in self.layers]
+        ids, self.token_ids = self.token_ids[:n], self.token_ids[n:]
+        parent = self.page_keys[-1] if self.page_keys else ROOT_KEY
+        page = Page.seal(layout, self.fingerprint, parent, start, ids, [k for k, _ in kv], [v for _, v in kv])
+        page_id = len(self.spans)
+        self.spans.append(Span(page_id, start, end))
+        self.page_keys.append(page.key)
+        self._unwritten.append(page)
+        summaries = np.stack([summarize(k.float().cpu().numpy(), self.config.summary, self.config.num_repr)
+                              for k, _ in kv])  # [L, Hkv, R, D]
+        self.index.add(page_id, summaries)
+        if len(self._unwritten) >= self.config.write_batch:
+            self._write()
+
+    def _write(self) -> None:
+        if self._unwritten:
+            self.store.put_many(self._unwritten)
+            self._unwritten = []
+
+    # ------------------------------------------------------------------ grafting
+    def attach(self, page_keys: list[str], spans: list[Span], layout: PageLayout, index: PageIndex) -> None:
+        """Adopt already-stored pages as this context's past (own positions); nothing is copied yet."""
+        assert not self.spans and not self.layers[0].is_initialized, "attach into a fresh cache only"
+        self.page_keys, self.spans, self.layout, self.index = list(page_keys), list(spans), layout, index
+        n = spans[-1].end if spans else 0
+        for layer in self.layers:
+            layer.num_tokens = n
+            layer.dtype, layer.device = layout.torch_dtype, torch.device(self.store.config.device)
+            shape = (layout.num_kv_heads, 0, layout.head_dim)
+            layer.keys = torch.empty(shape, dtype=layout.torch_dtype, device=layer.device)
+            layer.values = torch.empty(shape, dtype=layout.torch_dtype, device=layer.device)
+            layer.is_initialized = True
+
+    # ------------------------------------------------------------------ the working set
+    def _page_kv(self, page_id: int, layer: int, pin) -> tuple[torch.Tensor, torch.Tensor]:
+        key = self.page_keys[page_id]
+        if self._unwritten and page_id >= len(self.page_keys) - len(self._unwritten):
+            page = self._unwritten[page_id - (len(self.page_keys) - len(self._unwritten))]
+            return page.layer_kv(layer, device=self.layers[layer].device)
+        self.fetch_counts["fetches"] += 1
+        if self.store.device_tier.contains((key, layer)):
+            self.fetch_counts["device_hits"] += 1
+        return self.store.fetch_layer(key, layer, pin=pin)
+
+    def working_set(self, layer_idx: int, query: torch.Tensor, kind: str) -> tuple[Any, Any, Any]:
+        """K, V ([1, Hkv, kv, D]) and mask for `query` ([1, Hq, q, D]) at this layer."""
+        layer = self.layers[layer_idx]
+        q = query.shape[2]
+        end = layer.num_tokens
+        q_pos = torch.arange(end - q, end, device=query.device)
+        tail_start = end - layer.keys.shape[1]
+        if layer.is_sliding:
+            need = max(0, (end - q) - (layer.sliding_window - 1))
+            chosen = sliding_spans(self.spans, need) if need < tail_start else []
+            parts = [(s, off) for s, off in chosen]
+            shifts: dict[int, int] = {}
+        else:
+            ids = self._select(layer_idx, query)
+            parts = [(self.spans[i], 0) for i in ids]
+            shifts = self._shifts(ids) if self.config.position == "fixed" else {}
+        pin = {(self.page_keys[s.page_id], layer_idx) for s, _ in parts}
+        ks, vs, pos = [], [], []
+        for s, off in parts:
+            k, v = self._page_kv(s.page_id, layer_idx, pin)
+            k, v = k[:, off:], v[:, off:]
+            if shifts.get(s.page_id):
+                from tieredkv.rotary import rerotate
+
+                k = rerotate(self.model, k, shifts[s.page_id])
+            ks.append(k), vs.append(v)
+            pos.append(torch.arange(s.start + off, s.end, device=query.device))
+        ks.append(layer.keys), vs.append(layer.values)
+        pos.append(torch.arange(tail_start, end, device=query.device))
+        k_all = torch.cat(ks, dim=1)[None] if len(ks) > 1 else layer.keys[None]
+        v_all = torch.cat(vs, dim=1)[None] if len(vs) > 1 else layer.values[None]
+        k_pos = torch.cat(pos) if len(pos) > 1 else pos[0]
+        mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
+                          q_offset=end - q)
+        return k_all, v_all, mask
+
+    def _select(self, layer_idx: int, query: torch.Tensor) -> list[int]:
+        c, n = self.config, len(self.spans)
+        if n <= c.capacity_pages:
+            return list(range(n))
+        hq, hkv = query.shape[1], self.layout.num_kv_heads
+        # queries grouped by the KV head they read (GQA: query head j reads KV head j // (Hq/Hkv))
+        grouped = query[0].reshape(hkv, hq // hkv, query.shape[2], -1).reshape(hkv, -1, query.shape[-1])
+        exclude = retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)
+        found = self.index.union_topk(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
+        self.retrieval_log.append(list(found))
+        return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=found)
+
+    def _shifts(self, ids: list[int]) -> dict[int, int]:
+        c, n = self.config, len(self.spans)
+        if n <= c.capacity_pages:
+            return {}
+        local_first = max(0, n - c.local_pages)
+        far = [i for i in ids if i < local_first]
+        return fixed_positions(self.spans, far, self.spans[local_first].start)

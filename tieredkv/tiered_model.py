@@ -1,0 +1,198 @@
+"""`TieredModel`: a HF causal LM with a long-context memory tier.
+
+    tm = TieredModel.from_pretrained("smollm2", store=PageStore("kv"))
+    art = tm.ingest(long_text)                      # pages -> LMDB/host, summaries -> index
+    out = tm.generate(tm.encode("Question?"), max_new_tokens=32)
+
+The model's own `forward()` / `generate()` run unchanged; attention sees a bounded working set
+(sink, top-k retrieved and local pages) fetched through the store's tiers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from index import IndexStaleError, PageIndex, summarize
+from paging import PageLayout, PageStore
+from tieredkv import attention
+from tieredkv.artifact import Artifact, bind_store, load_artifact
+from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
+from tieredkv.errors import EmptyInputError, ModelMismatchError, UnsupportedModelError
+from tieredkv.models import LoadedModel, load_model
+from tieredkv.schedule import canonical_chunks
+from tieredkv.tiered_cache import TieredCache
+from tieredkv.tiered_config import TieredConfig
+from tieredkv.working_set import Span
+
+
+class TieredModel:
+    """Wraps a loaded model; owns one growing context (`self.cache`) backed by `store`."""
+
+    def __init__(self, lm: LoadedModel, store: PageStore, config: TieredConfig = TieredConfig()):
+        self.lm, self.store, self.config = lm, store, config
+        self.page_size = config.page_size or lm.default_page_size
+        self.base_attn = lm.model.config._attn_implementation
+        if self.base_attn.startswith("tiered"):
+            self.base_attn = "eager" if self.base_attn == "tiered_eager" else "sdpa"
+        if config.position == "fixed":
+            from tieredkv.rotary import rotary_module
+
+            rotary_module(lm.model)  # fails early, with the reason, on models without rotary
+        bind_store(store, lm)
+        attention.register()
+        lm.model.set_attn_implementation(attention.name_for(self.base_attn))
+        self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
+        self.regime_fp = config.regime_fingerprint(lm.fingerprint, self.page_size)
+        self.reset()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, store: PageStore, config: TieredConfig = TieredConfig(),
+                        dtype: torch.dtype = torch.float32) -> "TieredModel":
+        return cls(load_model(name_or_path, dtype=dtype), store, config)
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Start a new, empty context."""
+        self.cache = TieredCache(self.lm.model, self.store, self.config, fingerprint=self.regime_fp,
+                                 page_size=self.page_size)
+
+    @property
+    def model(self):
+        return self.lm.model
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cache.get_seq_length()
+
+    def domain(self) -> dict[str, Any]:
+        d = determinism_domain(self.model, self.lm.fingerprint, self.page_size)
+        d["attn_implementation"] = self.base_attn
+        d["regime"] = self.config.regime(self.page_size)
+        return d
+
+    def encode(self, text: str) -> list[int]:
+        return self.lm.codec.encode(text)
+
+    def _note_ids(self, _module, args):
+        if attention.ACTIVE_CACHE.get() is self.cache and args:
+            self.cache.note_input_ids(args[0].reshape(-1).tolist())
+
+    def _check_positions(self, extra: int) -> None:
+        cfg = self.model.config
+        if cfg.model_type == "gpt2" and self.num_tokens + extra > cfg.n_positions:
+            raise UnsupportedModelError(
+                f"gpt2 has learned positions up to {cfg.n_positions}; the context would reach "
+                f"{self.num_tokens + extra}. Use a rotary model for longer contexts."
+            )
+
+    # ------------------------------------------------------------------ running the model
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, **kwargs):
+        """One forward of new tokens at positions [N, N+q) (use `prefill` for page-aligned chunks)."""
+        self._check_positions(input_ids.shape[-1])
+        with attention.activate(self.cache):
+            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
+
+    __call__ = forward
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], *, progress: Callable[[int, int], None] | None = None,
+                logits_to_keep: int = 1):
+        """Feed `ids` in canonical page-aligned chunks; returns the last chunk's logits."""
+        if not len(ids):
+            raise EmptyInputError("nothing to prefill")
+        start, out = self.num_tokens, None
+        self._check_positions(len(ids))
+        for s, e in canonical_chunks(start, start + len(ids), self.page_size):
+            x = torch.tensor([list(ids[s - start:e - start])], device=self.model.device)
+            out = self.forward(x, logits_to_keep=logits_to_keep)
+            if progress is not None:
+                progress(e - start, len(ids))
+        return out.logits
+
+    @torch.inference_mode()
+    def generate(self, new_ids: Sequence[int], *, max_new_tokens: int = 32, **kwargs) -> list[int]:
+        """Prefill `new_ids` (page-aligned), then greedy-decode with the model's own `generate()`."""
+        if len(new_ids) > 1:
+            self.prefill(list(new_ids)[:-1])
+        n = self.num_tokens
+        last = torch.tensor([[int(list(new_ids)[-1])]], device=self.model.device)
+        full_mask = torch.ones((1, n + 1), dtype=torch.long, device=self.model.device)
+        self._check_positions(1 + max_new_tokens)
+        with attention.activate(self.cache):
+            out = self.model.generate(last, attention_mask=full_mask, past_key_values=self.cache,
+                                      max_new_tokens=max_new_tokens, do_sample=False,
+                                      pad_token_id=self.lm.codec.eos_token_id, **kwargs)
+        return out[0, 1:].tolist()
+
+    # ------------------------------------------------------------------ contexts as artifacts
+    def ingest(self, source: str | Sequence[int], *, name: str = "",
+               progress: Callable[[int, int], None] | None = None) -> Artifact:
+        """Reset, prefill a document, seal every page (the last may be partial), save it as an artifact."""
+        ids = self.encode(source) if isinstance(source, str) else [int(i) for i in source]
+        if not ids:
+            raise EmptyInputError("the document is empty")
+        self.reset()
+        self.prefill(ids, progress=progress)
+        self.cache.flush(partial=True)
+        art = Artifact(_artifact_id(self.regime_fp, self.cache.page_keys[-1]), self.lm.fingerprint, self.domain(),
+                       len(ids), self.page_size, tuple(self.cache.page_keys), sha256_ids(ids),
+                       self.cache.layout.to_dict(), name)
+        self.store.put_manifest(art.artifact_id, art.to_json())
+        self.cache.index.save(self._index_path(art))
+        return art
+
+    def graft(self, artifact: Artifact | str, *, allow_domain_mismatch: bool = False,
+              progress: Callable[[int, int], None] | None = None) -> Artifact:
+        """Reset and adopt a stored context at its own positions; pages stream in on demand."""
+        art = load_artifact(self.store, artifact) if isinstance(artifact, str) else artifact
+        if art.fingerprint != self.lm.fingerprint:
+            raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, self.lm.fingerprint)
+        check_domain(art.domain, self.domain(), allow_mismatch=allow_domain_mismatch,
+                     what=f"artifact {art.artifact_id}")
+        layout = PageLayout.from_dict(art.layout)
+        spans = [Span(i, s, e) for i, (s, e) in enumerate(canonical_chunks(0, art.num_tokens, art.page_size))]
+        self.reset()
+        index = self._load_or_rebuild_index(art, layout, progress)
+        self.cache.attach(list(art.page_keys), spans, layout, index)
+        return art
+
+    def _index_path(self, art: Artifact) -> Path:
+        path = Path(self.store.path) / "indexes" / f"{art.artifact_id}.{self.config.summary}.faiss"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _load_or_rebuild_index(self, art: Artifact, layout: PageLayout, progress) -> PageIndex:
+        """The index is derived data: load it if it matches the artifact, else rebuild it from the pages."""
+        geometry = dict(num_layers=layout.num_layers, num_heads=layout.num_kv_heads, dim=layout.head_dim,
+                        method=self.config.summary, num_repr=self.config.num_repr)
+        path = self._index_path(art)
+        try:
+            return PageIndex.load(path, **geometry, expected_page_ids=range(len(art.page_keys)))
+        except IndexStaleError:
+            pass
+        index = PageIndex(**geometry)
+        for i, key in enumerate(art.page_keys):
+            page = self.store.get(key)  # verified
+            sums = [summarize(page.layer_kv(l)[0].float().numpy(), self.config.summary, self.config.num_repr)
+                    for l in range(layout.num_layers)]
+            import numpy as np
+
+            index.add(i, np.stack(sums))
+            if progress is not None:
+                progress(i + 1, len(art.page_keys))
+        index.save(path)
+        return index
+
+    def close(self) -> None:
+        self.cache.flush(partial=False)
+        self._hook.remove()
+        self.model.set_attn_implementation(self.base_attn)
+
+
+def _artifact_id(regime_fp: str, root: str) -> str:
+    import hashlib
+
+    return "t" + hashlib.sha256(f"{regime_fp}:{root}".encode()).hexdigest()[:19]
