@@ -2,28 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from tieredkv.cli_common import model_arg as _model_arg, open_store as _open_store, print_json as _print
 from tieredkv.errors import TieredKVError
 from paging.errors import PagingError
 
 
-def _model_arg(p: argparse.ArgumentParser, default: str = "smollm2") -> None:
-    p.add_argument("--model", default=default, help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|"
-                   "tiny-gemma2|tiny-gemma3|tiny-gpt2, or a local HF model directory (default: %(default)s)")
-
-
-def _open_store(path: str, **kw):
-    from paging import PageStore, StoreConfig
-
-    return PageStore(path, StoreConfig(**kw))
-
-
-def _print(obj: Any, as_json: bool = True) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True) if as_json else obj)
+EXTENSIONS = ("tieredkv.cli_qa", "tieredkv.cli_portable", "tieredkv.cli_remote", "tieredkv.cli_library")
 
 
 def cmd_deposit(a) -> int:
@@ -133,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="pages, bytes per tier, integrity summary")
     s.add_argument("--store", required=True)
     s.set_defaults(fn=cmd_stats)
+
+    # Further command groups live in their own modules, each with `register(subparsers)`.
+    for mod in EXTENSIONS:
+        if importlib.util.find_spec(mod) is not None:
+            importlib.import_module(mod).register(sub)
     return p
 
 
