@@ -1,4 +1,4 @@
-"""paging: byte-exact KV pages and the tiers that hold them (device, host, LMDB).
+"""paging: byte-exact KV pages and the tiers that hold them (device, host, LMDB, remote).
 
 Knows tensors and bytes, never models: it must not import tieredkv, transformers or index.
 """
@@ -11,6 +11,8 @@ from .layout import PageLayout
 from .lmdb_tier import LMDBTier
 from .page import FORMAT_VERSION, ROOT_KEY, Page, page_key
 from .policy import LRUPolicy
+from .remote_tier import (RemoteConfig, RemoteError, RemoteTier, RemoteTierWarning,
+                          RemoteUnavailableError)
 from .store import PageStore, StoreConfig
 from .tier import Tier
 
@@ -18,5 +20,6 @@ __all__ = [
     "CorruptPageError", "DeviceTier", "FORMAT_VERSION", "HostTier", "LMDBTier",
     "LRUPolicy", "LayoutMismatchError", "ManifestNotFoundError", "Page", "PageConflictError",
     "PageLayout", "PageNotFoundError", "PageStore", "PagingError", "ROOT_KEY",
+    "RemoteConfig", "RemoteError", "RemoteTier", "RemoteTierWarning", "RemoteUnavailableError",
     "StoreConfig", "StoreFullError", "Tier", "page_key",
 ]

@@ -2,12 +2,17 @@
 
     fetch_layer(key, l) --> DeviceTier[(key, l)] --miss--> get(key)
     get(key)            --> HostTier[key] --miss--> LMDBTier[key] (verified) --> promote
+                                          --miss--> remote (verified) --> LMDB + host
     put(page)           --> LMDBTier (every page, persistent) --> HostTier (admit, LRU)
+                                                              --> remote (through / back)
 
-Invariants: LMDB holds every page the store holds (host and device hold copies, so evicting
-them loses nothing); no tier ever exceeds its byte budget; a page read from disk is
-verified before it is used. Policy (one LRUPolicy per budgeted tier) is kept apart from
-the tiers, which only move bytes. The store knows bytes and tensors, never models.
+Invariants: LMDB holds every page the store wrote or read (host and device hold copies, so
+evicting them loses nothing); no tier ever exceeds its byte budget; a page read from disk
+or from the remote is verified before it is used. The remote (optional, shared by several
+machines, see remote_tier.py) is an extra source and sink, never the only copy of a page
+this store wrote; when it is down the store works from its local tiers. Policy (one
+LRUPolicy per budgeted tier) is kept apart from the tiers, which only move bytes. The
+store knows bytes and tensors, never models.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import psutil
 import torch
 
 from .device_tier import DeviceTier, tensors_nbytes
-from .errors import CorruptPageError, PageNotFoundError, PagingError
+from .errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, PagingError
 from .host_tier import HostTier
 from .lmdb_tier import LMDBTier
 from .page import Page
 from .policy import LRUPolicy
+from .remote_tier import REMOTE_MODES, RemoteConfig, RemoteLink, RemoteTier
+
+REMOTE_ENV = "TIEREDKV_REMOTE"
 
 _MiB, _GiB = 1 << 20, 1 << 30
 
@@ -38,6 +46,10 @@ class StoreConfig:
     """Budgets and placement of a PageStore.
 
     host_budget_bytes None means 25% of the memory psutil reports available at open.
+    remote: a Redis/Valkey URL (see RemoteConfig.from_url) shared with other machines, or
+    None for none; with remote_from_env=True a None remote is read from $TIEREDKV_REMOTE.
+    remote_mode: "write-through" (send each put) or "write-back" (send in batches, before
+    every manifest and on close).
     """
 
     host_budget_bytes: int | None = None
@@ -45,6 +57,9 @@ class StoreConfig:
     device: str = "cpu"
     lmdb_map_size: int = 1 * _GiB
     lmdb_max_map_size: int | None = None
+    remote: str | None = None
+    remote_mode: str = "write-through"
+    remote_from_env: bool = False
 
     def __post_init__(self) -> None:
         if self.host_budget_bytes is not None and not (
@@ -65,11 +80,23 @@ class StoreConfig:
                 and self.lmdb_max_map_size >= self.lmdb_map_size):
             raise PagingError(f"lmdb_max_map_size must be None or an int >= lmdb_map_size "
                               f"({self.lmdb_map_size}), got {self.lmdb_max_map_size!r}")
+        if self.remote is not None:
+            RemoteConfig.from_url(self.remote)  # raises PagingError with what is wrong
+        if not isinstance(self.remote_from_env, bool):
+            raise PagingError(f"remote_from_env must be a bool, got {self.remote_from_env!r}")
+        if self.remote_mode not in REMOTE_MODES:
+            raise PagingError(f"remote_mode must be one of {REMOTE_MODES}, got "
+                              f"{self.remote_mode!r}")
 
     def resolved_host_budget(self) -> int:
         if self.host_budget_bytes is not None:
             return self.host_budget_bytes
         return int(psutil.virtual_memory().available // 4)
+
+    def resolved_remote(self) -> str | None:
+        if self.remote is not None:
+            return self.remote
+        return (os.environ.get(REMOTE_ENV) or None) if self.remote_from_env else None
 
 
 class PageStore:
@@ -84,7 +111,16 @@ class PageStore:
         self._device = DeviceTier(config.device_budget_bytes, config.device)
         self._host_lru = LRUPolicy()
         self._device_lru = LRUPolicy()
+        self._remote: RemoteLink | None = None
         self._closed = False
+        url = config.resolved_remote()
+        if url is not None:
+            try:
+                self._remote = RemoteLink(RemoteConfig.from_url(url), config.remote_mode,
+                                          load=self._peek)
+            except BaseException:
+                self.close()
+                raise
 
     # Tiers are exposed for inspection; mutate them only through the store.
     @property
@@ -98,6 +134,11 @@ class PageStore:
     @property
     def device_tier(self) -> DeviceTier:
         return self._device
+
+    @property
+    def remote_tier(self) -> RemoteTier | None:
+        """The remote tier while connected (None without a remote or before it answered)."""
+        return None if self._remote is None else self._remote.tier
 
     # -- pages ------------------------------------------------------------------------
     def _admit_host(self, page: Page) -> None:
@@ -118,6 +159,8 @@ class PageStore:
         """Persist `page` (idempotent; other bytes under its key -> PageConflictError)."""
         self._lmdb.put(page)
         self._admit_host(page)
+        if self._remote is not None:
+            self._remote.publish([page])
 
     def put_many(self, pages: Iterable[Page]) -> None:
         """Persist `pages` in one LMDB transaction (all or nothing), then cache them."""
@@ -125,13 +168,67 @@ class PageStore:
         self._lmdb.put_many(pages)
         for page in pages:
             self._admit_host(page)
+        if self._remote is not None:
+            self._remote.publish(pages)
 
     def get(self, key: str) -> Page:
-        """The verified page: host hit, else LMDB (verified) promoted into host.
+        """The verified page: host hit, else LMDB (verified) promoted into host, else the
+        remote (verified) promoted into LMDB and host.
 
         Raises PageNotFoundError if no tier holds it, CorruptPageError if the stored bytes
-        fail verification (they are quarantined; recompute or re-import the page).
+        fail verification (they are quarantined; recompute or re-import the page). With a
+        remote, a page corrupt in LMDB is replaced by a verified remote copy when there is one.
         """
+        try:
+            page = self._get_local(key)
+        except CorruptPageError:
+            healed = None if self._remote is None else self._pull([key])[0]
+            if healed is None:
+                raise
+            return healed
+        if page is None and self._remote is not None:
+            page = self._pull([key])[0]
+        if page is None:
+            raise PageNotFoundError(self._not_found(key))
+        return page
+
+    def get_many(self, keys: Iterable[str]) -> list[Page]:
+        """Like `get` for each key, with every remote read batched into pipelines."""
+        keys = list(keys)
+        out: list[Page | None] = []
+        corrupt: dict[int, CorruptPageError] = {}
+        for i, key in enumerate(keys):
+            try:
+                out.append(self._get_local(key))
+            except CorruptPageError as exc:
+                if self._remote is None:
+                    raise
+                out.append(None)
+                corrupt[i] = exc
+        need = [i for i, page in enumerate(out) if page is None]
+        if need and self._remote is not None:
+            for i, page in zip(need, self._pull([keys[i] for i in need])):
+                out[i] = page
+        for i, exc in corrupt.items():
+            if out[i] is None:  # corrupt locally and no verified remote copy
+                raise exc
+        missing = [keys[i] for i, page in enumerate(out) if page is None]
+        if missing:
+            raise PageNotFoundError(self._not_found(missing[0], len(missing)))
+        return out  # type: ignore[return-value]
+
+    def prefetch(self, keys: Iterable[str]) -> int:
+        """Copy the pages of `keys` that only the remote holds into LMDB and host, in
+        pipelined batches; returns how many arrived. Missing or corrupt ones are skipped
+        (a later `get` reports them)."""
+        if self._remote is None:
+            return 0
+        need = [k for k in keys if not (self._host.contains(k) or self._lmdb.contains(k))]
+        pages, _corrupt = self._remote.fetch(need)  # counted in stats()["remote"]
+        self._promote([p for p in pages if p is not None])
+        return sum(p is not None for p in pages)
+
+    def _get_local(self, key: str) -> Page | None:
         page = self._host.get(key)
         if page is not None:
             self._host_lru.touch(key)
@@ -141,23 +238,53 @@ class PageStore:
         except CorruptPageError:
             self._drop_copies(key)
             raise
-        if page is None:
-            raise PageNotFoundError(
-                f"page {key} is not in store {self.path}; recompute it (prefill the tokens "
-                f"again) or import the artifact that holds it")
-        self._admit_host(page)
+        if page is not None:
+            self._admit_host(page)
         return page
 
+    def _peek(self, key: str) -> Page | None:
+        """A local copy without touching LRU order (the remote's write-back queue)."""
+        return self._host.get(key) or self._lmdb.get(key)
+
+    def _promote(self, pages: list[Page]) -> None:
+        if pages:
+            self._lmdb.put_many(pages)
+            for page in pages:
+                self._admit_host(page)
+
+    def _pull(self, keys: list[str]) -> list[Page | None]:
+        """Read-through: verified remote pages, promoted into LMDB and host.
+        Raises CorruptPageError (after promoting the good ones) if any failed verification."""
+        pages, corrupt = self._remote.fetch(keys)
+        self._promote([p for p in pages if p is not None])
+        if corrupt:
+            raise next(iter(corrupt.values()))
+        return pages
+
+    def _not_found(self, key: str, num_missing: int = 1) -> str:
+        where = f"store {self.path}"
+        if self._remote is not None:
+            state = "" if self._remote.is_up else f" (unreachable: {self._remote.last_error})"
+            where += f" nor remote {self._remote.config.safe_url}{state}"
+        more = f" and {num_missing - 1} more pages are" if num_missing > 1 else " is"
+        return (f"page {key}{more} not in {where}; recompute it (prefill the tokens again) or "
+                f"import the artifact that holds it")
+
     def contains(self, key: str) -> bool:
-        return self._host.contains(key) or self._lmdb.contains(key)
+        """In a local tier, or on the remote (not verified until `get`)."""
+        return (self._host.contains(key) or self._lmdb.contains(key)
+                or (self._remote is not None and self._remote.contains(key)))
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.contains(key)
 
     def remove(self, key: str) -> bool:
-        """Drop `key` from every tier; False if the store did not hold it."""
+        """Drop `key` from every tier (the shared remote too); False if no tier held it."""
         self._drop_copies(key)
-        return self._lmdb.remove(key)
+        removed = self._lmdb.remove(key)
+        if self._remote is not None:
+            removed = self._remote.remove(key) or removed
+        return removed
 
     def _drop_copies(self, key: str) -> None:
         if self._host.remove(key):
@@ -209,16 +336,41 @@ class PageStore:
 
     # -- manifests, meta, integrity -------------------------------------------------
     def put_manifest(self, artifact_id: str, data: bytes) -> None:
+        """Store a manifest locally, then on the remote after every queued page."""
         self._lmdb.put_manifest(artifact_id, data)
+        if self._remote is not None:
+            self._remote.put_manifest(artifact_id, data)
 
     def get_manifest(self, artifact_id: str) -> bytes:
-        return self._lmdb.get_manifest(artifact_id)
+        """The verified manifest: LMDB, else the remote (verified, then kept in LMDB)."""
+        try:
+            return self._lmdb.get_manifest(artifact_id)
+        except (ManifestNotFoundError, CorruptPageError):
+            if self._remote is None:
+                raise
+            data = self._remote.get_manifest(artifact_id)
+            if data is None:
+                raise
+        self._lmdb.delete_manifest(artifact_id)  # a corrupt local copy, if any
+        self._lmdb.put_manifest(artifact_id, data)
+        return data
 
     def list_manifests(self) -> list[str]:
-        return self._lmdb.list_manifests()
+        local = self._lmdb.list_manifests()
+        if self._remote is None:
+            return local
+        return sorted(set(local) | set(self._remote.list_manifests()))
 
     def delete_manifest(self, artifact_id: str) -> bool:
-        return self._lmdb.delete_manifest(artifact_id)
+        deleted = self._lmdb.delete_manifest(artifact_id)
+        if self._remote is not None:
+            deleted = self._remote.delete_manifest(artifact_id) or deleted
+        return deleted
+
+    def flush_remote(self) -> int:
+        """Send pages and manifests queued for the remote (write-back, or after an outage);
+        returns pages sent."""
+        return 0 if self._remote is None else self._remote.flush()
 
     def get_meta(self, name: str) -> str | None:
         return self._lmdb.get_meta(name)
@@ -233,7 +385,7 @@ class PageStore:
             self._drop_copies(key)
         return report
 
-    def stats(self) -> dict[str, dict[str, int]]:
+    def stats(self) -> dict[str, dict[str, Any]]:
         lm = self._lmdb
         return {
             "device": {"entries": self._device.num_entries, "bytes": self._device.nbytes,
@@ -246,12 +398,20 @@ class PageStore:
             "integrity": {"verified_reads": lm.verified_reads,
                           "corrupt_detected": lm.corrupt_detected,
                           "quarantined": lm.quarantined},
+            **({} if self._remote is None else {"remote": self._remote.stats()}),
         }
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        try:
+            if self._remote is not None:
+                self._remote.close()  # flushes the write-back queue (reads LMDB)
+        finally:
+            self._close_local()
+
+    def _close_local(self) -> None:
         self._device.clear()
         self._host.close()
         self._lmdb.close()

@@ -186,6 +186,7 @@ def load_artifact(store: PageStore, artifact_id: str) -> Artifact:
 def load_pages(store: PageStore, art: Artifact) -> list[Page]:
     """Every page of `art`, SHA-256-verified by the store, with the chain re-checked."""
     pages, parent, pos = [], ROOT_KEY, 0
+    store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
     for key in art.page_keys:
         page = store.get(key)  # raises CorruptPageError: never served
         assert page.parent_key == parent and page.start == pos, f"page {key} breaks the chain"

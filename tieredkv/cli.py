@@ -71,7 +71,8 @@ def cmd_verify(a) -> int:
               f"shift {report['shift']}")
         print(f"  samples           {report['samples']}")
         print(f"  sha256_equal      {report['sha256_equal']}/{report['samples']}")
-        print(f"  kl_max            {report['kl_max']:.3g}")
+        kl = report["kl_max"]
+        print(f"  kl_max            {'nan' if kl is None else format(kl, '.3g')}")
         print(f"  argmax_agreement  {report['argmax_agreement']:.4f}")
     return 0 if a.shift or report["sha256_equal"] == report["samples"] else 1
 

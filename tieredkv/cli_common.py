@@ -12,8 +12,10 @@ def model_arg(p: argparse.ArgumentParser, default: str = "smollm2") -> None:
 
 
 def open_store(path: str, **kw):
+    """A PageStore; a shared remote tier is used when $TIEREDKV_REMOTE names one (redis://host:port/db)."""
     from paging import PageStore, StoreConfig
 
+    kw.setdefault("remote_from_env", True)
     return PageStore(path, StoreConfig(**kw))
 
 

@@ -46,3 +46,7 @@ __all__ = [
     "TieredKVError", "ModelNotFoundError", "ModelMismatchError", "DomainMismatchError",
     "ArtifactNotFoundError", "EmptyInputError", "UnsupportedModelError", "PagingError",
 ]
+
+
+class DiskBudgetError(TieredKVError):
+    """A context would not fit the store's disk budget; raised before any work is done."""

@@ -28,12 +28,31 @@ def rotary_module(model):
     return rope
 
 
+def _layer_type(model, layer_idx: int | None) -> str | None:
+    types = getattr(model.config.get_text_config(decoder=True), "layer_types", None)
+    return types[layer_idx] if types is not None and layer_idx is not None else None
+
+
 @torch.inference_mode()
-def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int) -> torch.Tensor:
-    """Move post-rotary `keys` [..., T, D] by `delta` positions (an int, or a [T] tensor per token)."""
+def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int, layer_idx: int | None = None) -> torch.Tensor:
+    """Move post-rotary `keys` [..., T, D] by `delta` positions (an int, or a [T] tensor per token).
+
+    Models with one rotary per layer type (Gemma3) need `layer_idx`. The rotary's attention
+    scaling (YaRN, LongRoPE) is divided out: a rotation must not rescale the keys.
+    """
     rope = rotary_module(model)
     t = keys.shape[-2]
     d = torch.full((t,), int(delta)) if isinstance(delta, int) else delta.to(torch.long)
-    cos, sin = rope(keys, position_ids=d[None].to(keys.device))  # [1, T, D]
-    cos, sin = cos[0].to(keys.dtype), sin[0].to(keys.dtype)
+    layer_type = _layer_type(model, layer_idx)
+    kwargs = {"layer_type": layer_type} if layer_type is not None and _takes_layer_type(rope) else {}
+    cos, sin = rope(keys, position_ids=d[None].to(keys.device), **kwargs)  # [1, T, D]
+    scale = getattr(rope, f"{layer_type}_attention_scaling", None) if layer_type else None
+    scale = scale if scale is not None else getattr(rope, "attention_scaling", 1.0)
+    cos, sin = (cos[0] / scale).to(keys.dtype), (sin[0] / scale).to(keys.dtype)
     return keys * cos + _rotate_half(keys) * sin
+
+
+def _takes_layer_type(rope) -> bool:
+    import inspect
+
+    return "layer_type" in inspect.signature(rope.forward).parameters

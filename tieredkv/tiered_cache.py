@@ -199,7 +199,7 @@ class TieredCache(Cache):
             if shifts.get(s.page_id):
                 from tieredkv.rotary import rerotate
 
-                k = rerotate(self.model, k, shifts[s.page_id])
+                k = rerotate(self.model, k, shifts[s.page_id], layer_idx)
             ks.append(k), vs.append(v)
             pos.append(torch.arange(s.start + off, s.end, device=query.device))
         ks.append(layer.keys), vs.append(layer.values)

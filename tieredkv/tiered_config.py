@@ -24,6 +24,7 @@ class TieredConfig:
     """
 
     page_size: int | None = None  # None: the model's default (128 for smollm2)
+    chunk_pages: int = 4  # prefill chunk = chunk_pages pages, cut at multiples of its size
     sink_pages: int = 1
     local_pages: int = 16
     topk_pages: int = 16
@@ -37,6 +38,8 @@ class TieredConfig:
 
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.chunk_pages < 1:
+            raise ValueError(f"chunk_pages must be >= 1, got {self.chunk_pages}")
         if self.sink_pages < 0 or self.local_pages < 1 or self.topk_pages < 0:
             raise ValueError("sink_pages >= 0, local_pages >= 1 and topk_pages >= 0 are required")
         if self.summary not in SUMMARY_METHODS:

@@ -19,8 +19,8 @@ from paging import PageLayout, PageStore
 from tieredkv import attention
 from tieredkv.artifact import Artifact, bind_store, load_artifact
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
-from tieredkv.errors import EmptyInputError, ModelMismatchError, UnsupportedModelError
-from tieredkv.models import LoadedModel, load_model
+from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
+from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model
 from tieredkv.schedule import canonical_chunks
 from tieredkv.tiered_cache import TieredCache
 from tieredkv.tiered_config import TieredConfig
@@ -100,12 +100,13 @@ class TieredModel:
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], *, progress: Callable[[int, int], None] | None = None,
                 logits_to_keep: int = 1):
-        """Feed `ids` in canonical page-aligned chunks; returns the last chunk's logits."""
+        """Feed `ids` in chunks of `chunk_pages` pages, cut at multiples of the chunk size (so always at
+        page boundaries); returns the last chunk's logits."""
         if not len(ids):
             raise EmptyInputError("nothing to prefill")
         start, out = self.num_tokens, None
         self._check_positions(len(ids))
-        for s, e in canonical_chunks(start, start + len(ids), self.page_size):
+        for s, e in canonical_chunks(start, start + len(ids), self.page_size * self.config.chunk_pages):
             x = torch.tensor([list(ids[s - start:e - start])], device=self.model.device)
             out = self.forward(x, logits_to_keep=logits_to_keep)
             if progress is not None:
@@ -127,6 +128,21 @@ class TieredModel:
                                       pad_token_id=self.lm.codec.eos_token_id, **kwargs)
         return out[0, 1:].tolist()
 
+    def check_disk_budget(self, num_tokens: int, *, budget_bytes: int | None = None) -> None:
+        """Refuse, before any work, a context whose pages would not fit the disk (or `budget_bytes`)."""
+        import shutil
+
+        need = int(num_tokens * kv_bytes_per_token(self.model) * 1.02) + (16 << 20)  # + LMDB overhead
+        free = shutil.disk_usage(self.store.path).free + self.store.stats()["lmdb"]["disk_bytes"]
+        budget = min(free, budget_bytes) if budget_bytes else free
+        used = self.store.stats()["lmdb"]["disk_bytes"]
+        if used + need > budget:
+            raise DiskBudgetError(
+                f"{num_tokens:,} tokens need about {need / 2**30:.2f} GiB of KV pages on disk; the store at "
+                f"{self.store.path} has {max(0, budget - used) / 2**30:.2f} GiB left of its budget. Free disk space, "
+                "raise --disk-budget, or use a shorter document."
+            )
+
     # ------------------------------------------------------------------ contexts as artifacts
     def ingest(self, source: str | Sequence[int], *, name: str = "",
                progress: Callable[[int, int], None] | None = None) -> Artifact:
@@ -134,6 +150,7 @@ class TieredModel:
         ids = self.encode(source) if isinstance(source, str) else [int(i) for i in source]
         if not ids:
             raise EmptyInputError("the document is empty")
+        self.check_disk_budget(len(ids))
         self.reset()
         self.prefill(ids, progress=progress)
         self.cache.flush(partial=True)

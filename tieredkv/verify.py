@@ -82,8 +82,8 @@ def _continue(lm: LoadedModel, cache, cont: list[int], start: int, page_size: in
 
 
 def _shift_cache(lm: LoadedModel, cache: DynamicCache, shift: int) -> None:
-    for layer in cache.layers:
-        layer.keys = rerotate(lm.model, layer.keys, shift)
+    for i, layer in enumerate(cache.layers):
+        layer.keys = rerotate(lm.model, layer.keys, shift, i)
 
 
 def verify(lm: LoadedModel, spec: VerifySpec = VerifySpec(), *, store: PageStore | None = None,
@@ -107,7 +107,8 @@ def verify(lm: LoadedModel, spec: VerifySpec = VerifySpec(), *, store: PageStore
             grafted = _continue(lm, cache, cont, len(prefix), page_size, pos_offset=spec.shift)
             fresh_sha, graft_sha = sha256_tensor(fresh), sha256_tensor(grafted)
             kl = _kl(fresh, grafted)
-            kl_max = max(kl_max, kl)
+            if not math.isnan(kl_max) and (math.isnan(kl) or kl > kl_max):
+                kl_max = kl  # NOTE: max() would drop a NaN (its comparisons are False); keep it visible
             a = int((fresh.argmax(-1) == grafted.argmax(-1)).sum())
             agree, total = agree + a, total + fresh.shape[0]
             rows.append({"sample": i, "prefix_tokens": len(prefix), "continuation_tokens": len(cont),

@@ -1,0 +1,84 @@
+"""Offline, seeded long-context tasks: passkey and RULER-style multi-key needles.
+
+Each task is (document ids, question ids, expected answer string). Token counts are targets:
+the haystack is filled up to `num_tokens` minus the needle and question.
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    num_tokens: int
+    depth: float
+    seed: int
+    doc_ids: list[int]
+    question_ids: list[int]
+    answer: str
+
+
+def _chat_split(codec):
+    tok = getattr(codec, "tokenizer", None)
+    if tok is not None and getattr(tok, "chat_template", None):
+        marker = "\u2063X\u2063"
+        full = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
+                                       tokenize=False)
+        return full.split(marker)
+    return "", "\n"
+
+
+def _haystack(codec, needles: list[tuple[float, str]], intro: str, question: str, answer_prefix: str,
+              num_tokens: int) -> tuple[list[int], list[int]]:
+    pre, post = _chat_split(codec)
+    head = codec.encode(pre + intro)
+    tail_q = codec.encode("\n\n" + question + post + answer_prefix)
+    filler = codec.encode(FILLER)
+    needle_ids = [(d, codec.encode(" " + text + " ")) for d, text in needles]
+    budget = num_tokens - len(head) - len(tail_q) - sum(len(n) for _, n in needle_ids)
+    if budget < len(filler):
+        raise ValueError(f"{num_tokens} tokens is too short for this task")
+    reps = budget // len(filler)
+    body: list[int] = []
+    inserted = sorted(needle_ids, key=lambda x: x[0])
+    k = 0
+    for r in range(reps):
+        while k < len(inserted) and r >= int(inserted[k][0] * reps):
+            body += inserted[k][1]
+            k += 1
+        body += filler
+    for _, n in inserted[k:]:
+        body += n
+    return head + body, tail_q
+
+
+def passkey(codec, num_tokens: int, depth: float, seed: int) -> Task:
+    rng = random.Random(seed)
+    key = str(rng.randint(10000, 99999))
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key."
+    intro = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+             "I will quiz you about the important information there.\n\n")
+    doc, q = _haystack(codec, [(depth, needle)], intro, "What is the pass key?", "The pass key is", num_tokens)
+    return Task("passkey", num_tokens, depth, seed, doc, q, key)
+
+
+def multikey(codec, num_tokens: int, depth: float, seed: int, num_keys: int = 4) -> Task:
+    """RULER niah_multikey: several needles with distinct keys; the question asks for one of them."""
+    rng = random.Random(seed)
+    keys = [str(uuid.UUID(int=rng.getrandbits(128)))[:8] for _ in range(num_keys)]
+    values = [str(rng.randint(1000000, 9999999)) for _ in range(num_keys)]
+    target = rng.randrange(num_keys)
+    depths = [depth if i == target else rng.random() for i in range(num_keys)]
+    needles = [(d, f"One of the special magic numbers for {k} is: {v}.") for d, k, v in zip(depths, keys, values)]
+    intro = "Some special magic numbers are hidden within the following text. Make sure to memorize them.\n\n"
+    doc, q = _haystack(codec, needles, intro, f"What is the special magic number for {keys[target]}?",
+                       f"The special magic number for {keys[target]} is:", num_tokens)
+    return Task("multikey", num_tokens, depth, seed, doc, q, values[target])
+
+
+TASKS = {"passkey": passkey, "multikey": multikey}

@@ -1,0 +1,110 @@
+"""Passkey and RULER-style multi-key needle accuracy against context length.
+
+Systems, in one run: `plain` (the HF model with its own DynamicCache: full attention, any length),
+`tiered-own` (TieredModel, keys at their own positions) and `tiered-fixed` (TieredModel,
+retrieved pages re-rotated to sit before the local window, InfLLM-style).
+
+    python bench/passkey.py --contexts 4096,8192,16384 --json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import environment, sha256_ids, write_report  # noqa: E402
+from longctx_tasks import TASKS  # noqa: E402
+
+from paging import PageStore, StoreConfig  # noqa: E402
+from tieredkv.artifact import prefill  # noqa: E402
+from tieredkv.domain import sha256_tensor  # noqa: E402
+from tieredkv.models import load_model  # noqa: E402
+from tieredkv.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.tiered_model import TieredModel  # noqa: E402
+
+SYSTEMS = ("plain", "tiered-own", "tiered-fixed")
+
+
+@torch.inference_mode()
+def run_plain(lm, task, max_new: int) -> list[int]:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm.model.config)
+    ids = task.doc_ids + task.question_ids
+    prefill(lm, ids[:-1], cache, page_size=512)
+    out = lm.model.generate(torch.tensor([ids]), past_key_values=cache, max_new_tokens=max_new, do_sample=False,
+                            pad_token_id=lm.codec.eos_token_id)
+    return out[0, len(ids):].tolist()
+
+
+def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict) -> list[int]:
+    with tempfile.TemporaryDirectory(prefix="tkv-passkey-") as d, PageStore(d, StoreConfig()) as store:
+        tm = TieredModel(lm, store, TieredConfig(position=position, **cfg_kw))
+        try:
+            tm.prefill(task.doc_ids)
+            return tm.generate(task.question_ids, max_new_tokens=max_new)
+        finally:
+            tm.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--tasks", default="passkey,multikey")
+    ap.add_argument("--contexts", default="4096,8192,16384,32768")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--depths", default="0.2,0.5,0.8")
+    ap.add_argument("--seeds", type=int, default=1, help="samples per (task, context, depth)")
+    ap.add_argument("--max-new-tokens", type=int, default=10)
+    ap.add_argument("--local-pages", type=int, default=16)
+    ap.add_argument("--topk-pages", type=int, default=16)
+    ap.add_argument("--summary", default="minmax")
+    ap.add_argument("--out", default="bench/results/passkey.json")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    lm = load_model(a.model)
+    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary)
+    rows = []
+    for task_name in a.tasks.split(","):
+        for n in [int(x) for x in a.contexts.split(",")]:
+            for depth in [float(x) for x in a.depths.split(",")]:
+                for seed in range(a.seeds):
+                    task = TASKS[task_name](lm.codec, n, depth, seed)
+                    for system in a.systems.split(","):
+                        t0 = time.perf_counter()
+                        if system == "plain":
+                            out = run_plain(lm, task, a.max_new_tokens)
+                        else:
+                            out = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
+                        text = lm.codec.decode(out)
+                        row = {"task": task_name, "context_tokens": len(task.doc_ids) + len(task.question_ids),
+                               "depth": depth, "seed": seed, "system": system, "answer": task.answer,
+                               "output": text, "correct": task.answer in text,
+                               "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
+                               "output_ids_sha256": sha256_ids(out), "seconds": round(time.perf_counter() - t0, 2)}
+                        rows.append(row)
+                        print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
+                              f"{'OK ' if row['correct'] else 'BAD'} {text!r} ({row['seconds']}s)", file=sys.stderr)
+    summary = {}
+    for r in rows:
+        k = (r["task"], r["system"], r["context_tokens"] // 1024 * 1024)
+        summary.setdefault(k, []).append(r["correct"])
+    table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
+             for (t, s, c), v in sorted(summary.items())]
+    report = {"bench": "passkey", "model": lm.name, "model_fingerprint": lm.fingerprint,
+              "config": {**cfg_kw, "sink_pages": 1, "page_size": lm.default_page_size, "args": vars(a)},
+              "environment": environment(), "rows": rows, "accuracy": table}
+    write_report(a.out, report, print_json=a.json)
+    print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['task']} | {r['system']} | {r['context_tokens']:,} | {r['accuracy']:.2f} | {r['samples']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

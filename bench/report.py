@@ -1,0 +1,50 @@
+"""What every benchmark report carries: environment, hashes, and an atomic JSON write."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+import transformers
+
+
+def environment() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    env = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "ram_bytes": psutil.virtual_memory().total, "python": sys.version.split()[0],
+           "torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
+           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return env
+
+
+def sha256_ids(ids) -> str:
+    return hashlib.sha256(np.asarray(list(ids), dtype="<i4").tobytes()).hexdigest()
+
+
+def write_report(path: str | os.PathLike, report: dict[str, Any], *, print_json: bool = False) -> None:
+    """Write `report` as sorted JSON (temp, fsync, rename), and echo it to stdout when asked."""
+    text = json.dumps(report, indent=1, sort_keys=True, default=str)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if print_json:
+        print(text)

@@ -1,0 +1,40 @@
+"""Session fixtures: the embedded model is loaded once; tiny models are cheap and cached too.
+
+TIEREDKV_CACHE is pinned here (only if unset) so that every subprocess a test starts finds the
+same converted weights and cached fingerprints as the test process.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TIEREDKV_CACHE", str(Path.home() / ".cache" / "tieredkv"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M (float32), loaded once per session; skipped if the wheel is absent."""
+    from tieredkv.errors import ModelNotFoundError
+    from tieredkv.models import load_model
+
+    try:
+        return load_model("smollm2")
+    except ModelNotFoundError as exc:
+        pytest.skip(f"embedded model unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """`tiny_model(name)` -> a LoadedModel, built once per name per session (seeded, so identical)."""
+    from tieredkv.models import load_model
+
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = load_model(name)
+        return loaded[name]
+
+    return get

@@ -1,0 +1,46 @@
+"""`tieredkv remote ping|ls|push|pull` against a real server."""
+
+from __future__ import annotations
+
+import json
+
+from paging import PageStore, StoreConfig
+from tests.redis_server import redis_server  # noqa: F401  (fixture)
+from tests.test_remote_tier import FP, LAYOUT, make_chain
+from tieredkv.artifact import Artifact
+from tieredkv.cli import main
+
+
+def run(capsys, *argv: str) -> tuple[int, dict | str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_push_ls_pull_ping(redis_server, tmp_path, capsys):
+    pages = make_chain(6)
+    art = Artifact("a1b2c3", FP, {}, 24, 4, tuple(p.key for p in pages), "00" * 32,
+                   LAYOUT.to_dict(), "synthetic")
+    with PageStore(tmp_path / "a", StoreConfig()) as a:
+        a.put_many(pages)
+        a.put_manifest(art.artifact_id, art.to_json())
+    url = redis_server.url
+    code, out = run(capsys, "remote", "push", "--store", str(tmp_path / "a"), "--remote", url)
+    assert code == 0 and out["pages"] == 6 and out["artifacts"] == ["a1b2c3"]
+    code, out = run(capsys, "remote", "ls", "--remote", url)
+    assert out["artifacts"] == ["a1b2c3"]
+    code, out = run(capsys, "remote", "pull", "--store", str(tmp_path / "b"), "--remote", url,
+                    "--artifact", "a1b")
+    assert code == 0 and out["pages_pulled"] == 6 and out["corrupt_detected"] == 0
+    with PageStore(tmp_path / "b", StoreConfig()) as b:  # offline now
+        assert [b.get(p.key) for p in pages] == pages
+        assert b.list_manifests() == ["a1b2c3"]
+    code, out = run(capsys, "remote", "ping", "--remote", url)
+    assert code == 0 and out["artifacts"] == 1 and out["redis_version"]
+
+
+def test_unreachable_server_is_one_clear_line(capsys):
+    code, err = run(capsys, "remote", "ping", "--remote",
+                    "redis://127.0.0.1:1/0?retries=0&connect_timeout=0.5")
+    assert code == 2 and err.startswith("tieredkv: error: RemoteUnavailableError: remote ")
+    assert "check that the server is up" in err

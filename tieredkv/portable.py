@@ -1,0 +1,371 @@
+"""Export and import: an artifact moved between machines as one verified file.
+
+    export:  store ──pass 1: each page verified, (len, sha256)──> header
+                   ──pass 2: page by page──> temp file ──fsync──> rename ──fsync(dir)
+    import:  file ──header (bounded, hashed)──> pass 1: every page verified, chain, tokens,
+                   model, domain, conflicts ──> pass 2: pages in batches ──> manifest (last)
+
+The file format is in artifact_file.py. Pages stream one at a time (a background thread
+reads the next one while the current one is hashed or written), so an artifact of many GB
+never sits whole in memory.
+
+NOTE: import writes nothing until the whole file has verified. Pass 2 re-reads the file and
+checks every page's SHA-256 again, so a file changed between the passes is refused too; pages
+it had added by then are removed again. Like deposit, the manifest is committed last, in its
+own transaction: a killed import leaves verified pages and no visible artifact.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import secrets
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+
+import psutil
+
+from paging import ROOT_KEY, Page, PageLayout, PageStore
+from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
+from tieredkv.artifact import STORE_FINGERPRINT_META, Artifact, _artifact_id, load_artifact
+from tieredkv.artifact_file import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
+                                    ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
+                                    encode_header, iter_page_blobs, read_header, read_token_ids)
+from tieredkv.domain import check_domain, domain_id, sha256_ids
+from tieredkv.errors import ModelMismatchError
+from tieredkv.schedule import canonical_chunks
+
+T = TypeVar("T")
+_WRITE_BATCH_NBYTES = 32 << 20  # pages per LMDB transaction on import, by bytes
+_PREFETCH_DEPTH = 2
+
+__all__ = ["ArtifactFormatError", "ArtifactIntegrityError", "ArtifactTruncatedError", "ArtifactVersionError",
+           "ArtifactWriteError", "export_artifact", "import_artifact", "read_header", "verify_file"]
+
+
+# ----------------------------------------------------------------------------- export
+def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike, *,
+                    progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Write artifact `artifact_id` (id or unique prefix) of `store` to `path`, atomically.
+
+    Every page is read verified from the store (a corrupt page raises CorruptPageError and no
+    file is written). Deterministic: the same artifact always gives the same bytes. Returns a
+    summary with the file's size and SHA-256.
+    """
+    art = load_artifact(store, artifact_id)
+    page_fp = chain_fingerprint(art)
+    # Pass 1: verify the chain and size every page blob, so the header can go first.
+    ids: list[int] = []
+    sections: list[tuple[int, str]] = []
+    for i, (page, blob) in enumerate(_prefetch(_store_pages(store, art))):
+        check_chain_page(art, page_fp, i, page)
+        ids.extend(page.token_ids)
+        sections.append((len(blob), hashlib.sha256(blob).hexdigest()))
+    if sha256_ids(ids) != art.token_ids_sha256:
+        raise CorruptPageError(art.artifact_id, "the token ids of the stored pages do not hash to the "
+                               "manifest's token_ids_sha256; re-deposit the artifact")
+    header = encode_header(art, hashlib.sha256(_token_bytes(ids)).hexdigest(), sections)
+    digest = hashlib.sha256()
+    path = Path(path)
+    with _AtomicFile(path) as f:
+        for chunk in (header, _token_bytes(ids)):
+            f.write(chunk)
+            digest.update(chunk)
+        # Pass 2: the same pages again, streamed; the store is immutable per key, so a changed
+        # blob means the store changed under us (an alarm, not a race to paper over).
+        for i, (_, blob) in enumerate(_prefetch(_store_pages(store, art))):
+            if len(blob) != sections[i][0] or hashlib.sha256(blob).hexdigest() != sections[i][1]:
+                raise CorruptPageError(art.page_keys[i], "page bytes changed between the two export passes")
+            f.write(blob)
+            digest.update(blob)
+            if progress is not None:
+                progress(i + 1, len(art.page_keys))
+        nbytes = f.tell()
+    return {**art.summary(), "path": str(path), "file_bytes": nbytes, "file_sha256": digest.hexdigest(),
+            "format_version": FILE_VERSION}
+
+
+def _store_pages(store: PageStore, art: Artifact) -> Iterator[tuple[Page, bytes]]:
+    for key in art.page_keys:
+        page = store.get(key)  # verified (quarantined and raised if corrupt)
+        yield page, page.to_bytes()
+
+
+def _token_bytes(ids: list[int]) -> bytes:
+    import numpy as np
+
+    return np.asarray(ids, dtype="<i4").tobytes()
+
+
+# ----------------------------------------------------------------------------- import
+def verify_file(src: str | os.PathLike | BinaryIO, *,
+                on_page: Callable[[int, Page, bytes], None] | None = None) -> ArtifactHeader:
+    """Verify a whole artifact file (a path or a seekable binary file) without a store: header,
+    every page, the chain, the tokens.
+
+    Raises ArtifactFormatError (or a subclass) on the first problem. `on_page(i, page, blob)`
+    sees each verified page (import uses it to look for conflicts in the target store).
+    """
+    if isinstance(src, (str, os.PathLike)):
+        with open(src, "rb") as f:
+            return verify_file(f, on_page=on_page)
+    f = src
+    header = read_header(f)
+    art = header.artifact
+    page_fp = chain_fingerprint(art)
+    ids = read_token_ids(f, header)
+    if sha256_ids(ids) != art.token_ids_sha256:
+        raise ArtifactIntegrityError("token ids do not hash to the manifest's token_ids_sha256")
+    for i, blob in enumerate(_prefetch(iter_page_blobs(f, header))):
+        try:
+            page = Page.from_bytes(blob, expected_key=art.page_keys[i])
+        except CorruptPageError as exc:
+            raise ArtifactIntegrityError(f"page {i}: {exc.reason}") from None
+        check_chain_page(art, page_fp, i, page)
+        if list(page.token_ids) != ids[page.start:page.start + page.num_tokens]:
+            raise ArtifactIntegrityError(f"page {i}: its token ids differ from the token id section")
+        if on_page is not None:
+            on_page(i, page, blob)
+    return header
+
+
+def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_fingerprint: str | None = None,
+                    expected_domain: dict[str, Any] | None = None, allow_domain_mismatch: bool = False,
+                    progress: Callable[[int, int], None] | None = None) -> Artifact:
+    """Verify the artifact file at `path` completely, then put its pages and manifest in `store`.
+
+    Refused before anything is written: a malformed, truncated or altered file
+    (ArtifactFormatError and subclasses), another model than `expected_fingerprint` or than the
+    model the store is bound to (ModelMismatchError), another determinism domain than
+    `expected_domain` unless `allow_domain_mismatch` (DomainMismatchError), and stored pages or
+    a manifest with the same key but other bytes (PageConflictError). Importing twice is a no-op.
+    """
+    header = read_header(path)
+    art = header.artifact
+    bound = store.get_meta(STORE_FINGERPRINT_META)
+    for what, fp in ((f"store {store.path}", bound), ("the expected model", expected_fingerprint)):
+        if fp is not None and fp != art.fingerprint:
+            raise ModelMismatchError(f"artifact {art.artifact_id} in {path} (checked against {what})",
+                                     art.fingerprint, fp)
+    if expected_domain is not None:
+        check_domain(art.domain, expected_domain, allow_mismatch=allow_domain_mismatch,
+                     what=f"artifact {art.artifact_id} (file {path})")
+    _check_manifest_slot(store, art, header.manifest)
+
+    def no_conflict(i: int, page: Page, blob: bytes) -> None:
+        stored = store.lmdb_tier.get_raw(page.key)
+        if stored is not None and stored != blob and _is_valid(stored, page.key):
+            raise PageConflictError(f"page {i} ({page.key}) is in store {store.path} with other bytes: the same "
+                                    "token chain produced different KV — check the determinism domain")
+
+    header = verify_file(path, on_page=no_conflict)  # pass 1: nothing is written yet
+    added: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            if read_header(f).header_sha256 != header.header_sha256:
+                raise ArtifactIntegrityError("the file changed while it was imported; import it again")
+            batch, nbytes = [], 0
+            for i, blob in enumerate(_prefetch(iter_page_blobs(f, header))):  # pass 2: sha-checked again
+                page = Page.from_bytes(blob, expected_key=art.page_keys[i])
+                if not store.contains(page.key):
+                    added.append(page.key)
+                batch.append(page)
+                nbytes += len(blob)
+                if nbytes >= _WRITE_BATCH_NBYTES or i + 1 == len(art.page_keys):
+                    store.put_many(batch)
+                    batch, nbytes = [], 0
+                if progress is not None:
+                    progress(i + 1, len(art.page_keys))
+        if bound is None:
+            store.set_meta(STORE_FINGERPRINT_META, art.fingerprint)
+        try:
+            store.get_manifest(art.artifact_id)
+        except CorruptPageError:  # a damaged copy of this manifest: replace it with verified bytes
+            store.delete_manifest(art.artifact_id)
+        except ManifestNotFoundError:
+            pass
+        store.put_manifest(art.artifact_id, header.manifest)  # last: the artifact becomes visible
+    except BaseException:
+        for key in added:  # best effort: leave the store as it was
+            try:
+                store.remove(key)
+            except Exception:
+                pass
+        raise
+    return art
+
+
+def _check_manifest_slot(store: PageStore, art: Artifact, manifest: bytes) -> None:
+    try:
+        stored = store.get_manifest(art.artifact_id)
+    except (ManifestNotFoundError, CorruptPageError):
+        return  # absent, or corrupt and about to be replaced by verified bytes
+    if stored != manifest:
+        raise PageConflictError(f"store {store.path} holds artifact {art.artifact_id} with another manifest; "
+                                "delete it first (PageStore.delete_manifest) if replacing it is intended")
+
+
+def _is_valid(raw: bytes, key: str) -> bool:
+    try:
+        Page.from_bytes(raw, expected_key=key)
+        return True
+    except CorruptPageError:
+        return False
+
+
+# ----------------------------------------------------------------------------- chain checks
+def chain_fingerprint(art: Artifact) -> str:
+    """The fingerprint the artifact's page keys hash, after checking that the id commits to it.
+
+    Deposits key pages by the model fingerprint; TieredModel contexts by a regime fingerprint
+    (model + retrieval config, recorded in the domain), with their own id scheme.
+    """
+    root = art.page_keys[-1]
+    regime = art.domain.get("regime")
+    if regime is None:
+        page_fp, want_id = art.fingerprint, _artifact_id(art.fingerprint, root, domain_id(art.domain))
+    else:
+        from tieredkv.tiered_config import TieredConfig
+        from tieredkv.tiered_model import _artifact_id as _context_id
+
+        try:
+            page_fp = TieredConfig(**regime).regime_fingerprint(art.fingerprint, art.page_size)
+        except (TypeError, ValueError) as exc:
+            raise ArtifactFormatError(f"bad artifact header: the domain's regime is invalid ({exc})") from None
+        want_id = _context_id(page_fp, root)
+    if art.artifact_id != want_id:
+        raise ArtifactIntegrityError(f"artifact id {art.artifact_id} does not match its model, domain and root "
+                                     f"hash (expected {want_id})")
+    return page_fp
+
+
+def check_chain_page(art: Artifact, page_fp: str, i: int, page: Page) -> None:
+    """Page `i` of `art` sits where the manifest says: fingerprint, parent, position, size, layout."""
+    start = i * art.page_size
+    end = min(art.num_tokens, start + art.page_size)
+    parent = art.page_keys[i - 1] if i else ROOT_KEY
+    if page.key != art.page_keys[i] or page.fingerprint != page_fp or page.parent_key != parent:
+        raise ArtifactIntegrityError(f"page {i} ({page.key}) breaks the chain of artifact {art.artifact_id}")
+    if page.start != start or page.num_tokens != end - start:
+        raise ArtifactIntegrityError(f"page {i} covers [{page.start}, {page.start + page.num_tokens}), the "
+                                     f"manifest's schedule says [{start}, {end})")
+    if page.layout != PageLayout.from_dict(art.layout):
+        raise ArtifactIntegrityError(f"page {i} has layout {page.layout.to_dict()}, the manifest {art.layout}")
+
+
+# ----------------------------------------------------------------------------- plumbing
+def _prefetch(items: Iterator[T], depth: int = _PREFETCH_DEPTH) -> Iterator[T]:
+    """Iterate `items` in a background thread, at most `depth` ahead (I/O and hashing overlap)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((None, item)):
+                    return
+            put((None, done))
+        except BaseException as exc:  # handed to the consumer
+            put((exc, None))
+
+    worker = threading.Thread(target=run, name="tieredkv-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            exc, item = q.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        worker.join()
+
+
+class _AtomicFile:
+    """`with _AtomicFile(p) as f`: write `.p.<pid>.<rand>.tmp` next to p, fsync, rename, fsync the dir.
+
+    On any error the temp file is removed and ArtifactWriteError raised; a killed writer leaves
+    only its temp file (never a torn `p`), which the next writer of `p` removes.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+    def __enter__(self):
+        remove_stale_temps(self.path)
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise ArtifactWriteError(f"cannot create {self.tmp}: {exc}") from exc
+        self.f = os.fdopen(fd, "wb")
+        return self.f
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+            self.f.close()
+            if exc_type is None:
+                os.replace(self.tmp, self.path)
+                _fsync_dir(self.path.parent)
+        except OSError as err:
+            self._discard()
+            raise ArtifactWriteError(f"cannot write {self.path}: {err}; no file was left") from err
+        finally:
+            if exc_type is not None:
+                self._discard()
+        if isinstance(exc, OSError):
+            raise ArtifactWriteError(f"cannot write {self.path}: {exc}; no file was left") from exc
+
+    def _discard(self) -> None:
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
+def remove_stale_temps(path: Path) -> list[str]:
+    """Remove temp files of `path` left by writers that no longer run (killed mid-export)."""
+    removed, head = [], f".{path.name}."
+    for name in os.listdir(path.parent):
+        parts = name[len(head):].split(".") if name.startswith(head) else []
+        if len(parts) == 3 and parts[0].isdigit() and parts[2] == "tmp" and not psutil.pid_exists(int(parts[0])):
+            try:
+                os.unlink(path.parent / name)
+                removed.append(str(path.parent / name))
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def describe(path: str | os.PathLike) -> dict[str, Any]:
+    """The header of an artifact file as JSON-able summary (bounded read, data not verified)."""
+    return json.loads(json.dumps(read_header(path).summary()))
