@@ -155,6 +155,11 @@ class PageStore:
         if self._host.put(page):
             self._host_lru.touch(page.key)
 
+    def admit(self, page: Page) -> None:
+        """Cache a page that was read and verified elsewhere (a prefetch thread) in the host tier.
+        The page must already be in LMDB: admitting never makes a page persistent."""
+        self._admit_host(page)
+
     def put(self, page: Page) -> None:
         """Persist `page` (idempotent; other bytes under its key -> PageConflictError)."""
         self._lmdb.put(page)

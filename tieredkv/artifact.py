@@ -85,15 +85,17 @@ def encode_source(lm: LoadedModel, source: str | Sequence[int]) -> list[int]:
 
 @torch.inference_mode()
 def prefill(lm: LoadedModel, ids: Sequence[int], cache, *, start: int = 0, page_size: int,
-            on_chunk: Callable[[int, int, Any], None] | None = None, logits_to_keep: int = 1):
+            on_chunk: Callable[[int, int, Any], None] | None = None, logits_to_keep: int = 1,
+            position_offset: int = 0):
     """Canonical prefill of `ids` (absolute positions `[start, start+len)`) into `cache`.
 
     Returns the logits of the last chunk (its last `logits_to_keep` positions; 0 = all).
+    `position_offset` feeds every token that many positions later (used to measure shifted grafts).
     """
     out = None
     for s, e in canonical_chunks(start, start + len(ids), page_size):
-        x = torch.tensor([ids[s - start:e - start]], device=lm.model.device)
-        pos = torch.arange(s, e, device=lm.model.device)[None]
+        x = torch.tensor([list(ids[s - start:e - start])], device=lm.model.device)
+        pos = torch.arange(s + position_offset, e + position_offset, device=lm.model.device)[None]
         out = lm.model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
                        logits_to_keep=logits_to_keep)
         if on_chunk is not None:

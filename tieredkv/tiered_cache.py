@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore
+from tieredkv.prefetch import Prefetcher
 from tieredkv.tiered_config import TieredConfig
 from tieredkv.working_set import Span, build_mask, fixed_positions, retrieval_excluded, select_pages, sliding_spans
 
@@ -88,6 +89,8 @@ class TieredCache(Cache):
         self._unwritten: list[Page] = []
         self.retrieval_log: list[list[int]] = []  # pages selected per (layer, forward) beyond sink/local
         self.fetch_counts = {"device_hits": 0, "fetches": 0}
+        self.prefetcher = Prefetcher(store)
+        self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -173,6 +176,8 @@ class TieredCache(Cache):
         self.fetch_counts["fetches"] += 1
         if self.store.device_tier.contains((key, layer)):
             self.fetch_counts["device_hits"] += 1
+        else:
+            self.prefetcher.wait(key)
         return self.store.fetch_layer(key, layer, pin=pin)
 
     def working_set(self, layer_idx: int, query: torch.Tensor, kind: str) -> tuple[Any, Any, Any]:
@@ -191,6 +196,8 @@ class TieredCache(Cache):
             ids = self._select(layer_idx, query)
             parts = [(self.spans[i], 0) for i in ids]
             shifts = self._shifts(ids) if self.config.position == "fixed" else {}
+        self._prefetch_for(layer_idx + 1)
+        self._last_selection[layer_idx] = [s.page_id for s, _ in parts]
         pin = {(self.page_keys[s.page_id], layer_idx) for s, _ in parts}
         ks, vs, pos = [], [], []
         for s, off in parts:
@@ -210,6 +217,16 @@ class TieredCache(Cache):
         mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
                           q_offset=end - q)
         return k_all, v_all, mask
+
+    def _prefetch_for(self, layer_idx: int) -> None:
+        """Start reading what `layer_idx` used last time, while this layer computes."""
+        self.prefetcher.admit_ready()
+        ids = self._last_selection.get(layer_idx % len(self.layers), ())
+        written = len(self.page_keys) - len(self._unwritten)
+        self.prefetcher.submit(self.page_keys[i] for i in ids if i < written)
+
+    def close(self) -> None:
+        self.prefetcher.close()
 
     def _select(self, layer_idx: int, query: torch.Tensor) -> list[int]:
         c, n = self.config, len(self.spans)

@@ -55,6 +55,8 @@ class TieredModel:
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Start a new, empty context."""
+        if getattr(self, "cache", None) is not None:
+            self.cache.close()
         self.cache = TieredCache(self.lm.model, self.store, self.config, fingerprint=self.regime_fp,
                                  page_size=self.page_size)
 
@@ -205,6 +207,7 @@ class TieredModel:
 
     def close(self) -> None:
         self.cache.flush(partial=False)
+        self.cache.close()
         self._hook.remove()
         self.model.set_attn_implementation(self.base_attn)
 

@@ -62,23 +62,12 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum(-1).max())
 
 
-@torch.inference_mode()
 def _continue(lm: LoadedModel, cache, cont: list[int], start: int, page_size: int, pos_offset: int = 0):
+    """Logits [C, vocab] of every continuation token, prefilled after `start` with the same schedule."""
     logits = []
-
-    def keep(_s, _e, out):
-        logits.append(out.logits[0])
-
-    if pos_offset:  # positions shifted: feed chunks by hand with explicit position ids
-        from tieredkv.schedule import canonical_chunks
-
-        for s, e in canonical_chunks(start, start + len(cont), page_size):
-            x = torch.tensor([cont[s - start:e - start]], device=lm.model.device)
-            pos = torch.arange(s + pos_offset, e + pos_offset, device=lm.model.device)[None]
-            logits.append(lm.model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True).logits[0])
-    else:
-        prefill(lm, cont, cache, start=start, page_size=page_size, on_chunk=keep, logits_to_keep=0)
-    return torch.cat(logits, 0)  # [C, vocab]
+    prefill(lm, cont, cache, start=start, page_size=page_size, on_chunk=lambda _s, _e, out: logits.append(out.logits[0]),
+            logits_to_keep=0, position_offset=pos_offset)
+    return torch.cat(logits, 0)
 
 
 def _shift_cache(lm: LoadedModel, cache: DynamicCache, shift: int) -> None:
