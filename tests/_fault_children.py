@@ -130,15 +130,40 @@ def synthetic_chain(num_pages: int, seed: int, *, fp: str = "ab" * 32, page_size
 
 
 # ----------------------------------------------------------------------------- corruption cases
-def parse_outcome(data: bytes, *, header_only: bool = False) -> str:
-    """"ok", or the name of the typed error the artifact parser raised (anything else propagates)."""
+class Spliced:
+    """A read-only file: `head` over the start of `data`, without copying `data` (header sweeps
+    flip tens of thousands of bits of multi-MB files)."""
+
+    def __init__(self, head: bytes, data: bytes) -> None:
+        self.head, self.data, self.pos = head, data, 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos + (0 if whence == 0 else self.pos if whence == 1 else len(self.data))
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n < 0 else min(len(self.data), self.pos + n)
+        h, start = len(self.head), self.pos
+        self.pos = max(start, end)
+        if start >= h:
+            return self.data[start:end]
+        return self.head[start:min(end, h)] + (self.data[h:end] if end > h else b"")
+
+
+def parse_outcome(data, *, header_only: bool = False) -> str:
+    """"ok", or the name of the typed error the artifact parser raised (anything else propagates).
+
+    `data`: the file's bytes, or a seekable binary file."""
     import io
 
     from tieredkv.artifact_file import ArtifactFormatError
     from tieredkv.portable import read_header, verify_file
 
     try:
-        (read_header if header_only else verify_file)(io.BytesIO(data))
+        (read_header if header_only else verify_file)(io.BytesIO(data) if isinstance(data, bytes) else data)
         return "ok"
     except ArtifactFormatError as exc:
         return type(exc).__name__
@@ -150,13 +175,36 @@ def flipped(data: bytes, bit: int) -> bytes:
     return bytes(b)
 
 
+def mutate(data: bytes, m: tuple[str, int, Any]) -> bytes:
+    """Apply one (kind, position, argument) mutation: flip, set, insert, delete, truncate, splice."""
+    kind, pos, arg = m
+    b = bytearray(data)
+    if not b:
+        return data
+    pos %= len(b)  # earlier mutations may have shortened the file
+    if kind == "flip":
+        b[pos] ^= 1 << arg
+    elif kind == "set":
+        b[pos] = arg
+    elif kind == "insert":
+        b[pos:pos] = arg
+    elif kind == "delete":
+        del b[pos:pos + arg]
+    elif kind == "truncate":
+        del b[pos:]
+    else:
+        b[pos:pos + 32] = data[arg:arg + 32]
+    return bytes(b)
+
+
 def header_flip_outcomes(data: bytes, *, all_bits: bool) -> list[str]:
     """Flip each header byte (one bit of it, or each of its 8 bits): one outcome per flip."""
     from tieredkv.artifact_file import PREFIX
 
     end = PREFIX.size + PREFIX.unpack_from(data)[2]
     bits = range(8 * end) if all_bits else [8 * i + i % 8 for i in range(end)]
-    return [parse_outcome(flipped(data, bit), header_only=True) for bit in bits]
+    head = data[:end]
+    return [parse_outcome(Spliced(flipped(head, bit), data), header_only=True) for bit in bits]
 
 
 def payload_flip_outcomes(data: bytes, num: int, seed: int) -> list[str]:
@@ -263,15 +311,116 @@ def lmdb_flip_outcome(pristine: Path, work: Path, key: str, bit: int) -> dict[st
     return {"detected": detected, "served": served, "quarantined": quarantined}
 
 
+# ----------------------------------------------------------------------------- the faiss index
+INDEX_DAMAGES = ("deleted", "sidecar deleted", "bytes flipped", "truncated", "other artifact's index")
+
+
+def tiered_config():
+    from tieredkv.tiered_config import TieredConfig
+
+    return TieredConfig(page_size=PAGE_SIZE, local_pages=2, topk_pages=2, sink_pages=1)
+
+
+def search_results(index, seed: int = 0, num_queries: int = 4) -> list[tuple[bytes, bytes]]:
+    """(ids, scores) bytes of a top-3 search per layer for fixed random queries [H, Q, D]."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for layer in range(index.num_layers):
+        q = rng.standard_normal((index.num_heads, num_queries, index.dim)).astype(np.float32)
+        ids, scores = index.search(layer, q, 3)
+        out.append((ids.tobytes(), scores.tobytes()))
+    return out
+
+
+def index_from_store(store, art, config) -> Any:
+    """The reference: a PageIndex built here from the stored pages' summaries."""
+    import numpy as np
+
+    from index import PageIndex, summarize
+    from paging import PageLayout
+
+    layout = PageLayout.from_dict(art.layout)
+    index = PageIndex(layout.num_layers, layout.num_kv_heads, layout.head_dim, config.summary, config.num_repr)
+    for i, key in enumerate(art.page_keys):
+        page = store.get(key)
+        index.add(i, np.stack([summarize(page.layer_kv(layer)[0].float().numpy(), config.summary, config.num_repr)
+                               for layer in range(layout.num_layers)]))
+    return index
+
+
+def damage_index(path: Path, how: str, other: Path | None = None) -> None:
+    sidecar = path.with_name(path.name + ".json")
+    if how == "deleted":
+        path.unlink()
+    elif how == "sidecar deleted":
+        sidecar.unlink()
+    elif how == "bytes flipped":
+        data = bytearray(path.read_bytes())
+        for i in range(0, len(data), max(1, len(data) // 16)):
+            data[i] ^= 0x5A
+        path.write_bytes(bytes(data))
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "other artifact's index":
+        import shutil
+
+        shutil.copyfile(other, path)
+        shutil.copyfile(other.with_name(other.name + ".json"), sidecar)
+    else:
+        raise ValueError(how)
+
+
+def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=INDEX_DAMAGES) -> dict[str, Any]:
+    """Ingest with TieredModel, then damage the saved faiss index each way and graft again.
+
+    For each damage: the graft must rebuild the index from the store (the saved files come back
+    byte for byte) with the same search results as the original index and as one built from the pages here,
+    and the logits that follow the graft must be the same bytes.
+    """
+    from paging import PageStore
+    from tieredkv.domain import sha256_tensor
+    from tieredkv.tiered_model import TieredModel
+
+    cont = lm.codec.encode(" What follows?")
+    with PageStore(store_path, store_config()) as store:
+        tm = TieredModel(lm, store, tiered_config())
+        try:
+            art = tm.ingest(text)
+            other = tm.ingest(other_text)
+            path, other_path = tm._index_path(art), tm._index_path(other)
+
+            def graft_and_probe() -> tuple[list, str]:
+                tm.graft(art)
+                return search_results(tm.cache.index), sha256_tensor(tm.prefill(cont, logits_to_keep=0))
+
+            want_search, want_logits = graft_and_probe()
+            sidecar = path.with_name(path.name + ".json")
+            pristine = (path.read_bytes(), sidecar.read_bytes())
+            reference = search_results(index_from_store(store, art, tm.config))
+            rows = []
+            for how in damages:
+                damage_index(path, how, other_path)
+                got_search, got_logits = graft_and_probe()
+                restored = path.is_file() and sidecar.is_file() and (path.read_bytes(), sidecar.read_bytes()) == pristine
+                rows.append({"damage": how, "rebuilt": restored,
+                             "same_search": got_search == want_search == reference,
+                             "same_logits": got_logits == want_logits})
+        finally:
+            tm.close()
+    return {"artifact": art.artifact_id, "pages": len(art.page_keys), "rows": rows}
+
+
 # ----------------------------------------------------------------------------- spawn targets
-def writer_main(store_path: str, num_artifacts: int, seed: int, readers_ready, done, out) -> None:
+def writer_main(store_path: str, num_artifacts: int, seed: int, start, done, out) -> None:
     """Write `num_artifacts` synthetic artifacts: pages in small batches, then the manifest."""
     from paging import PageStore
 
     rng = random.Random(seed)
     written = 0
     with PageStore(store_path, store_config()) as store:
-        readers_ready.wait(120)  # start writing once the readers are reading
+        start.wait(120)  # start writing once every reader has the store open
         for a in range(num_artifacts):
             pages = synthetic_chain(rng.randint(2, 12), seed * 1000 + a)
             for i in range(0, len(pages), 3):
@@ -283,13 +432,14 @@ def writer_main(store_path: str, num_artifacts: int, seed: int, readers_ready, d
     out.put(("writer", {"written": written}, []))
 
 
-def reader_main(store_path: str, writer_done, reader_id: int, out) -> None:
+def reader_main(store_path: str, start, writer_done, reader_id: int, out) -> None:
     """Until the writer is done (then one more pass): read every visible artifact, every page
     SHA-256-verified from LMDB (no host cache), the chain re-checked."""
     from paging import ROOT_KEY, PageStore
 
     reads, passes, seen, errors = 0, 0, 0, []
     with PageStore(store_path, store_config(host_budget_bytes=0)) as store:
+        start.wait(120)  # everyone open: the writer starts now
         while True:
             last = writer_done.is_set()
             ids = store.list_manifests()
@@ -332,14 +482,11 @@ def run_readers_and_writer(store_path: str, *, num_readers: int = 4, num_artifac
     with PageStore(store_path, store_config()):
         pass  # create it, so readers can open it before the writer writes
     ctx = mp.get_context("spawn")
-    out, done, ready = ctx.Queue(), ctx.Event(), ctx.Event()
-    writer = ctx.Process(target=writer_main, args=(store_path, num_artifacts, seed, ready, done, out))
-    readers = [ctx.Process(target=reader_main, args=(store_path, done, r, out)) for r in range(num_readers)]
+    out, done, start = ctx.Queue(), ctx.Event(), ctx.Barrier(num_readers + 1)
+    writer = ctx.Process(target=writer_main, args=(store_path, num_artifacts, seed, start, done, out))
+    readers = [ctx.Process(target=reader_main, args=(store_path, start, done, r, out)) for r in range(num_readers)]
     for p in [*readers, writer]:
         p.start()
-    # NOTE: readers import torch (paging does) in ~seconds; give them a head start, then write
-    time.sleep(0.5)
-    ready.set()
     results = [out.get(timeout=timeout) for _ in range(1 + num_readers)]
     for p in [writer, *readers]:
         p.join(timeout=30)

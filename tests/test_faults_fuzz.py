@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paging import PageStore
-from tests._fault_children import PAGE_SIZE, corpus_text, store_config
+from tests._fault_children import PAGE_SIZE, corpus_text, mutate, store_config
 from tieredkv.artifact import deposit
 from tieredkv.artifact_file import MAGIC, PREFIX, ArtifactFormatError
 from tieredkv.models import load_model
@@ -73,27 +73,6 @@ def mutations(draw, size: int):
     if kind == "truncate":
         return kind, pos, None
     return kind, pos, draw(st.integers(0, size - 1))  # copy 32 bytes from elsewhere
-
-
-def mutate(data: bytes, m) -> bytes:
-    kind, pos, arg = m
-    b = bytearray(data)
-    if not b:
-        return data
-    pos %= len(b)  # earlier mutations may have shortened the file
-    if kind == "flip":
-        b[pos] ^= 1 << arg
-    elif kind == "set":
-        b[pos] = arg
-    elif kind == "insert":
-        b[pos:pos] = arg
-    elif kind == "delete":
-        del b[pos:pos + arg]
-    elif kind == "truncate":
-        del b[pos:]
-    else:
-        b[pos:pos + 32] = data[arg:arg + 32]
-    return bytes(b)
 
 
 @SETTINGS

@@ -11,7 +11,7 @@ from paging import Page, PageConflictError, PageStore
 from paging.errors import CorruptPageError
 from tests._fault_children import (PAGE_SIZE, continuation_logits, corpus_text, flip_lmdb_value_bit,
                                    rewrite_header, store_config)
-from tieredkv.artifact import deposit, graft, load_artifact, load_pages
+from tieredkv.artifact import deposit, graft, load_pages
 from tieredkv.artifact_file import FILE_VERSION, PREFIX, ArtifactFormatError, ArtifactVersionError
 from tieredkv.domain import determinism_domain, sha256_tensor
 from tieredkv.errors import ArtifactNotFoundError, DomainMismatchError, ModelMismatchError, TieredKVError

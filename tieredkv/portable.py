@@ -17,7 +17,6 @@ own transaction: a killed import leaves verified pages and no visible artifact.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import queue
 import secrets
@@ -35,7 +34,6 @@ from tieredkv.artifact_file import (ArtifactFormatError, ArtifactHeader, Artifac
                                     encode_header, iter_page_blobs, read_header, read_token_ids)
 from tieredkv.domain import check_domain, domain_id, sha256_ids
 from tieredkv.errors import ModelMismatchError
-from tieredkv.schedule import canonical_chunks
 
 T = TypeVar("T")
 _WRITE_BATCH_NBYTES = 32 << 20  # pages per LMDB transaction on import, by bytes
@@ -66,11 +64,12 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike,
     if sha256_ids(ids) != art.token_ids_sha256:
         raise CorruptPageError(art.artifact_id, "the token ids of the stored pages do not hash to the "
                                "manifest's token_ids_sha256; re-deposit the artifact")
-    header = encode_header(art, hashlib.sha256(_token_bytes(ids)).hexdigest(), sections)
+    tokens = _token_bytes(ids)
+    header = encode_header(art, hashlib.sha256(tokens).hexdigest(), sections)
     digest = hashlib.sha256()
     path = Path(path)
     with _AtomicFile(path) as f:
-        for chunk in (header, _token_bytes(ids)):
+        for chunk in (header, tokens):
             f.write(chunk)
             digest.update(chunk)
         # Pass 2: the same pages again, streamed; the store is immutable per key, so a changed
@@ -365,7 +364,3 @@ def _fsync_dir(directory: Path) -> None:
     finally:
         os.close(fd)
 
-
-def describe(path: str | os.PathLike) -> dict[str, Any]:
-    """The header of an artifact file as JSON-able summary (bounded read, data not verified)."""
-    return json.loads(json.dumps(read_header(path).summary()))

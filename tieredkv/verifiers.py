@@ -164,3 +164,30 @@ class ArithmeticVerifier:
             return Verdict(False, "no integer in the solution")
         got = int(found[-1].replace(",", ""))
         return Verdict(got == expected, f"{got} {'==' if got == expected else '!='} {expected}")
+
+
+def load_verifier(spec: str) -> Verifier:
+    """A verifier from a command-line spec: `arithmetic`, `answer-key:FILE.json` (a JSON object problem ->
+    answer), or `package.module:name` (a Verifier class, instance or a plain function)."""
+    import importlib
+    from pathlib import Path
+
+    if spec == "arithmetic":
+        return ArithmeticVerifier()
+    if spec.startswith("answer-key:"):
+        path = Path(spec.split(":", 1)[1])
+        answers = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(answers, dict):
+            raise TieredKVError(f"{path} must hold a JSON object mapping each problem to its answer")
+        return AnswerKeyVerifier({str(k): str(v) for k, v in answers.items()})
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise TieredKVError(f"unknown verifier {spec!r}: use `arithmetic`, `answer-key:FILE.json` or "
+                            "`package.module:name`")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise TieredKVError(f"cannot load verifier {spec!r}: {e}") from None
+    if isinstance(obj, type):
+        obj = obj()
+    return as_verifier(obj)

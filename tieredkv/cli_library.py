@@ -1,0 +1,113 @@
+"""`tieredkv library add|solve|list` (verified solutions) and `tieredkv recheck` (re-run a report's hashes)."""
+from __future__ import annotations
+
+import sys
+
+from tieredkv.cli_common import model_arg, open_store, print_json
+
+VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> answer) or `package.module:name` "
+                 "(a Verifier class or instance, or a function (problem, solution) -> bool)")
+
+
+def _library(a, store):
+    from tieredkv.library import Library
+    from tieredkv.models import load_model
+
+    return Library(load_model(a.model), store, name=a.library, max_new_tokens=a.max_new_tokens,
+                   confirm_tokens=a.confirm_tokens)
+
+
+def cmd_add(a) -> int:
+    from tieredkv.verifiers import load_verifier
+
+    verifier = load_verifier(a.verifier)
+    with open_store(a.store) as store:
+        entry = _library(a, store).add(a.problem, a.solution, verifier)
+    print_json({**entry.to_dict(), "store": a.store, "library": a.library})
+    return 0
+
+
+def cmd_solve(a) -> int:
+    from tieredkv.verifiers import load_verifier
+
+    verifier = load_verifier(a.verifier)
+    with open_store(a.store) as store:
+        result = _library(a, store).solve(a.problem, verifier, deposit=not a.no_deposit)
+    if a.json:
+        print_json(result.to_dict())
+    else:
+        print(result.answer)
+        print(f"[{result.route}; {'verified' if result.accepted else 'NOT verified'} ({result.verdict.reason}); "
+              f"{result.decode_tokens} decode tokens, {result.prefill_tokens} prefilled, {result.grafted_tokens} "
+              f"grafted{'; deposited' if result.deposited else ''}]", file=sys.stderr)
+    return 0 if result.accepted else 1
+
+
+def cmd_list(a) -> int:
+    from tieredkv.library_store import LibraryIndex
+
+    with open_store(a.store) as store:
+        index = LibraryIndex(store, a.library)
+        entries = index.entries()
+        version = index.version
+    if a.json:
+        print_json({"library": a.library, "version": version, "entries": [e.to_dict() for e in entries]})
+        return 0
+    print(f"library {a.library!r}: {len(entries)} verified entries, version {version}")
+    for e in entries:
+        problem = " ".join(e.problem.split())
+        solution = " ".join(e.solution.split())
+        print(f"  {e.problem_sha256[:12]}  [{e.source}, {e.verifier['name']}]  {problem[:60]!r} -> {solution[:60]!r}")
+    return 0
+
+
+def cmd_recheck(a) -> int:
+    from tieredkv.recheck import format_table, recheck
+
+    result = recheck(a.report, allow_domain_mismatch=a.allow_domain_mismatch)
+    if a.json:
+        print_json(result.to_dict())
+    else:
+        print(format_table(result, only_failures=a.failures_only))
+    return 0 if result.ok else 1
+
+
+def register(sub) -> None:
+    lib = sub.add_parser("library", help="verified solutions: recurring problems answered from grafted pages")
+    lsub = lib.add_subparsers(dest="library_cmd", required=True)
+
+    def common(p, *, model: bool = True) -> None:
+        if model:
+            model_arg(p)
+            p.add_argument("--max-new-tokens", type=int, default=32, help="decode budget for a new problem")
+            p.add_argument("--confirm-tokens", type=int, default=4,
+                           help="decode budget for a recurring problem (end-of-turn check)")
+        p.add_argument("--store", required=True)
+        p.add_argument("--library", default="default", help="library name inside the store (default: %(default)s)")
+        p.add_argument("--json", action="store_true")
+
+    p = lsub.add_parser("add", help="deposit a solution, if the verifier accepts it")
+    common(p)
+    p.add_argument("--problem", required=True)
+    p.add_argument("--solution", required=True)
+    p.add_argument("--verifier", required=True, help=VERIFIER_HELP)
+    p.set_defaults(fn=cmd_add)
+
+    p = lsub.add_parser("solve", help="answer a problem: recurring from the library, else generate and verify")
+    common(p)
+    p.add_argument("--problem", required=True)
+    p.add_argument("--verifier", required=True, help=VERIFIER_HELP)
+    p.add_argument("--no-deposit", action="store_true", help="do not keep a verified generated answer")
+    p.set_defaults(fn=cmd_solve)
+
+    p = lsub.add_parser("list", help="the library's verified entries")
+    common(p, model=False)
+    p.set_defaults(fn=cmd_list)
+
+    r = sub.add_parser("recheck", help="re-run a report's recipe and confirm its committed output hashes")
+    r.add_argument("report", help="a report JSON with a \"recheck\" block, or `tieredkv verify --json --rows` output")
+    r.add_argument("--allow-domain-mismatch", action="store_true",
+                   help="re-run even if the report's determinism domain differs (no guarantee then)")
+    r.add_argument("--failures-only", action="store_true", help="list only the hashes that differ")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_recheck)
