@@ -22,7 +22,6 @@ from longctx_tasks import TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifact import prefill  # noqa: E402
-from tieredkv.domain import sha256_tensor  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402

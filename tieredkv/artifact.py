@@ -103,10 +103,22 @@ def prefill(lm: LoadedModel, ids: Sequence[int], cache, *, start: int = 0, page_
     return None if out is None else out.logits
 
 
-def _artifact_id(fingerprint: str, root: str, dom_id: str) -> str:
+def artifact_id(chain_fingerprint: str, root: str, domain: dict[str, Any]) -> str:
+    """An artifact's id commits to the fingerprint its page keys hash, its domain and its root page."""
     import hashlib
 
-    return hashlib.sha256(f"{fingerprint}:{dom_id}:{root}".encode()).hexdigest()[:20]
+    return hashlib.sha256(f"{chain_fingerprint}:{domain_id(domain)}:{root}".encode()).hexdigest()[:20]
+
+
+def chain_fingerprint(art: Artifact) -> str:
+    """What `art`'s page keys hash: the model fingerprint for deposits (full attention), a regime
+    fingerprint (model + retrieval config, recorded in the domain) for TieredModel contexts."""
+    regime = art.domain.get("regime")
+    if regime is None:
+        return art.fingerprint
+    from tieredkv.tiered_config import TieredConfig
+
+    return TieredConfig(**regime).regime_fingerprint(art.fingerprint, art.page_size)
 
 
 @torch.inference_mode()
@@ -163,7 +175,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     if layout is None:  # everything was reused
         layout = store.get(keys[0]).layout
     root = keys[-1]
-    art = Artifact(_artifact_id(fp, root, domain_id(domain)), fp, domain, len(ids), page_size, tuple(keys),
+    art = Artifact(artifact_id(fp, root, domain), fp, domain, len(ids), page_size, tuple(keys),
                    sha256_ids(ids), layout.to_dict(), name)
     store.put_manifest(art.artifact_id, art.to_json())
     return art

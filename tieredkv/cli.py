@@ -4,10 +4,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from tieredkv.cli_common import model_arg as _model_arg, open_store as _open_store, print_json as _print
 from tieredkv.errors import TieredKVError

@@ -28,11 +28,12 @@ import psutil
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
-from tieredkv.artifact import STORE_FINGERPRINT_META, Artifact, _artifact_id, load_artifact
+from tieredkv.artifact import STORE_FINGERPRINT_META, Artifact, artifact_id, load_artifact
+from tieredkv.artifact import chain_fingerprint as _chain_fingerprint
 from tieredkv.artifact_file import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
                                     ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
                                     encode_header, iter_page_blobs, read_header, read_token_ids)
-from tieredkv.domain import check_domain, domain_id, sha256_ids
+from tieredkv.domain import check_domain, sha256_ids
 from tieredkv.errors import ModelMismatchError
 
 T = TypeVar("T")
@@ -221,19 +222,11 @@ def chain_fingerprint(art: Artifact) -> str:
     Deposits key pages by the model fingerprint; TieredModel contexts by a regime fingerprint
     (model + retrieval config, recorded in the domain), with their own id scheme.
     """
-    root = art.page_keys[-1]
-    regime = art.domain.get("regime")
-    if regime is None:
-        page_fp, want_id = art.fingerprint, _artifact_id(art.fingerprint, root, domain_id(art.domain))
-    else:
-        from tieredkv.tiered_config import TieredConfig
-        from tieredkv.tiered_model import _artifact_id as _context_id
-
-        try:
-            page_fp = TieredConfig(**regime).regime_fingerprint(art.fingerprint, art.page_size)
-        except (TypeError, ValueError) as exc:
-            raise ArtifactFormatError(f"bad artifact header: the domain's regime is invalid ({exc})") from None
-        want_id = _context_id(page_fp, root)
+    try:
+        page_fp = _chain_fingerprint(art)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactFormatError(f"bad artifact header: the domain's regime is invalid ({exc})") from None
+    want_id = artifact_id(page_fp, art.page_keys[-1], art.domain)
     if art.artifact_id != want_id:
         raise ArtifactIntegrityError(f"artifact id {art.artifact_id} does not match its model, domain and root "
                                      f"hash (expected {want_id})")

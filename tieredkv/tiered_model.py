@@ -17,8 +17,8 @@ import torch
 from index import IndexStaleError, PageIndex, summarize
 from paging import PageLayout, PageStore
 from tieredkv import attention
-from tieredkv.artifact import Artifact, bind_store, load_artifact
-from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
+from tieredkv.artifact import Artifact, artifact_id, bind_store, load_artifact
+from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model
 from tieredkv.schedule import canonical_chunks
@@ -156,7 +156,8 @@ class TieredModel:
         self.reset()
         self.prefill(ids, progress=progress)
         self.cache.flush(partial=True)
-        art = Artifact(_artifact_id(self.regime_fp, self.cache.page_keys[-1]), self.lm.fingerprint, self.domain(),
+        domain = self.domain()
+        art = Artifact(artifact_id(self.regime_fp, self.cache.page_keys[-1], domain), self.lm.fingerprint, domain,
                        len(ids), self.page_size, tuple(self.cache.page_keys), sha256_ids(ids),
                        self.cache.layout.to_dict(), name)
         self.store.put_manifest(art.artifact_id, art.to_json())
@@ -211,8 +212,3 @@ class TieredModel:
         self._hook.remove()
         self.model.set_attn_implementation(self.base_attn)
 
-
-def _artifact_id(regime_fp: str, root: str) -> str:
-    import hashlib
-
-    return "t" + hashlib.sha256(f"{regime_fp}:{root}".encode()).hexdigest()[:19]
