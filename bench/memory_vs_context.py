@@ -165,7 +165,10 @@ def main(argv=None) -> int:
     ap.add_argument("--store", help="store directory (default: a temporary one)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     out = Path(a.out or f"bench/results/memory_vs_context.{a.model}.json")
     lm = load_model(a.model)
     contexts = sorted(int(x) for x in a.contexts.split(","))

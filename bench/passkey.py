@@ -65,7 +65,10 @@ def main(argv=None) -> int:
     ap.add_argument("--summary", default="minmax")
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary)
     rows = []

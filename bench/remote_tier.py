@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,8 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psutil  # noqa: E402
 import redis  # noqa: E402
 import torch  # noqa: E402
 
@@ -236,18 +235,9 @@ def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
 
 # -- report ---------------------------------------------------------------------------
 def hardware() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "mem_GiB": round(psutil.virtual_memory().total / 2**30, 1),
-            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "torch": torch.__version__,
+    from report import environment
+
+    return {**environment(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
             "redis_py": redis.__version__}
 
 

@@ -1,7 +1,6 @@
 """What every benchmark report carries: environment, hashes, and an atomic JSON write."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -9,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import torch
 import transformers
+
+from tieredkv.domain import sha256_ids  # noqa: F401  (re-exported for the benchmarks)
 
 
 def environment() -> dict[str, Any]:
@@ -29,10 +29,6 @@ def environment() -> dict[str, Any]:
            "torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     return env
-
-
-def sha256_ids(ids) -> str:
-    return hashlib.sha256(np.asarray(list(ids), dtype="<i4").tobytes()).hexdigest()
 
 
 def write_report(path: str | os.PathLike, report: dict[str, Any], *, print_json: bool = False) -> None:

@@ -8,8 +8,8 @@ the library as context, and what a verifier accepts is kept (the flywheel).
 
     recurring:  entry ──> artifact [chat prompt | solution] ──graft──> cache; solution read from the
                 page token ids and verified again; decode <= confirm_tokens to see the end of turn
-    new:        entries ──> one document, ingested once per library version (TieredModel) ──graft──>
-                + problem ──generate──> verifier ──accepted──> add(): a new entry and artifact
+    new:        entries ──> one chat of earlier verified exchanges, ingested once per library version
+                (TieredModel) ──graft──> + new user turn ──generate──> verifier ──accepted──> add()
 """
 from __future__ import annotations
 
@@ -30,8 +30,11 @@ from tieredkv.verifiers import Verdict, as_verifier, verifier_identity
 
 __all__ = ["Library", "LibraryEntry", "SolveResult", "SolutionRejectedError", "answer_plain", "problem_sha256"]
 
-CONTEXT_HEADER = "Verified solutions of earlier problems:\n\n"
-CONTEXT_QUESTION = "\n\nUsing the solutions above, answer briefly. Problem: {problem}"
+
+
+# NOTE: one page per prefill chunk: a page's bytes then depend only on its tokens and those before it, not
+# on where the document ends, so growing library documents never store one key with two byte strings.
+LIBRARY_CONFIG = TieredConfig(chunk_pages=1)
 
 
 class SolutionRejectedError(TieredKVError):
@@ -98,7 +101,7 @@ class Library:
     """Verified solutions of one model, kept in `store` under the name `name`."""
 
     def __init__(self, lm: LoadedModel, store: PageStore, *, name: str = "default",
-                 config: TieredConfig = TieredConfig(), max_new_tokens: int = 32, confirm_tokens: int = 4):
+                 config: TieredConfig = LIBRARY_CONFIG, max_new_tokens: int = 32, confirm_tokens: int = 4):
         if confirm_tokens < 1 or max_new_tokens < 1:
             raise ValueError("confirm_tokens >= 1 and max_new_tokens >= 1 are required")
         self.lm, self.store, self.config = lm, store, config
@@ -187,6 +190,20 @@ class Library:
                            grafted_tokens=len(ids) - 1, generated_ids=new, end_of_turn=eot,
                            artifact_id=art.artifact_id)
 
+    def prepare_context(self) -> int:
+        """Ingest the library document now if this version has not been (else a cheap graft); returns the
+        tokens ingested. `solve` does this itself on a new problem; call it to keep that cost apart."""
+        from tieredkv.tiered_model import TieredModel
+
+        if not len(self):
+            return 0
+        tm = TieredModel(self.lm, self.store, self.config)
+        try:
+            return self._graft_context(tm)
+        finally:
+            tm.reset()
+            tm.close()
+
     def _generate(self, problem: str) -> SolveResult:
         from tieredkv.tiered_model import TieredModel
 
@@ -195,7 +212,7 @@ class Library:
         tm = TieredModel(self.lm, self.store, self.config)
         try:
             num_ingested = self._graft_context(tm)
-            q_ids = self.lm.codec.encode(CONTEXT_QUESTION.format(problem=problem)) + self._turn_end()
+            q_ids = self.lm.codec.encode(problem + self._transcript()[1])
             grafted = tm.num_tokens
             new = tm.generate(q_ids, max_new_tokens=self.max_new_tokens, eos_token_id=self.lm.codec.eos_token_id)
         finally:
@@ -207,52 +224,58 @@ class Library:
                            grafted_tokens=grafted, generated_ids=new, end_of_turn=eot)
 
     # ------------------------------------------------------------------ the library as context
-    def _chat_split(self) -> tuple[str, str]:
-        """Text before and after the user's message in one chat turn ("" and "\\nA:" without a template)."""
+    def _transcript(self) -> tuple[str, str]:
+        """(document, turn end): every verified entry as an earlier exchange of one chat, the document ending
+        where the next user message begins; a new problem is `problem + turn end`. Without a chat template:
+        `Q: problem\nA: solution` lines."""
+        turns = [(e.problem, e.solution) for e in self.entries()]
         tok = getattr(self.lm.codec, "tokenizer", None)
         if tok is not None and getattr(tok, "chat_template", None):
-            marker = "\u2063MSG\u2063"
-            full = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
-                                           tokenize=False)
-            pre, post = full.split(marker)
-            return pre, post
-        return "Q: ", "\nA:"
-
-    def _turn_end(self) -> list[int]:
-        return self.lm.codec.encode(self._chat_split()[1])
+            marker = "\u2063PROBLEM\u2063"
+            messages = [m for p, s in turns for m in ({"role": "user", "content": p},
+                                                      {"role": "assistant", "content": s})]
+            full = tok.apply_chat_template(messages + [{"role": "user", "content": marker}],
+                                           add_generation_prompt=True, tokenize=False)
+            doc, end = full.split(marker)
+            return doc, end
+        return "".join(f"Q: {p}\nA: {s}\n" for p, s in turns) + "Q: ", "\nA:"
 
     def context_document(self) -> str:
-        """Every verified entry as one text (the body of the user turn that precedes a new problem)."""
-        return CONTEXT_HEADER + "\n\n".join(f"Problem: {e.problem}\nSolution: {e.solution}" for e in self.entries())
+        """The text ingested as the library's context (the chat so far, up to a new user message)."""
+        return self._transcript()[0]
 
     def _graft_context(self, tm) -> int:
         """Graft the library document into `tm`, ingesting it first if this library version has not been;
         returns the number of tokens ingested (0 when grafted from the store)."""
         version, regime = self.version, tm.regime_fp
         ctx = self.index.context()
-        if ctx is not None and ctx["version"] == version and ctx["regime"] == regime:
-            try:
-                tm.graft(ctx["artifact"])
-                return 0
-            except ArtifactNotFoundError:
-                pass
-        ids = self.lm.codec.encode(self._chat_split()[0] + self.context_document())
+        if ctx is not None and ctx["version"] == version and ctx["regime"] == regime and self._is_stored(ctx):
+            tm.graft(ctx["artifact"])
+            return 0
+        if ctx is not None:
+            # NOTE: dropped before ingesting the new document, not after: with chunk_pages > 1 a page's bytes
+            # depend on how long its prefill chunk was, so the old document's last pages and the new one's
+            # same-key pages can differ, and the store refuses same key, other bytes (PageConflictError).
+            self._drop_context(ctx["artifact"])
+        ids = self.lm.codec.encode(self.context_document())
         art = tm.ingest(ids, name=f"{self.index.namespace}context:v{version}")
         self.index.set_context(version, art.artifact_id, regime)
-        if ctx is not None and ctx["artifact"] != art.artifact_id:
-            self._drop_context(ctx["artifact"], keep=set(art.page_keys))
         tm.graft(art)  # the same path as a later call: answers do not depend on who ingested
         return len(ids)
 
-    def _drop_context(self, artifact_id: str, *, keep: set[str]) -> None:
-        """Remove a superseded library document: its manifest, and its pages the new one does not share
-        (the library's own chain: no other artifact names them)."""
+    def _is_stored(self, ctx: dict[str, Any]) -> bool:
+        try:
+            art = load_artifact(self.store, ctx["artifact"])
+        except ArtifactNotFoundError:
+            return False
+        return all(self.store.contains(k) for k in art.page_keys)  # pages stream in lazily: check up front
+
+    def _drop_context(self, artifact_id: str) -> None:
+        """Remove a superseded library document: its manifest and its pages (the library's own chain)."""
         try:
             old = load_artifact(self.store, artifact_id)
         except ArtifactNotFoundError:
             return
         self.store.delete_manifest(old.artifact_id)
         for key in old.page_keys:
-            if key not in keep:
-                self.store.remove(key)
-
+            self.store.remove(key)
