@@ -62,8 +62,8 @@ RESPELL = [str.lower, str.upper, lambda q: q.replace(" ", "  "), lambda q: "  " 
 def make_kb(seed: int, num_countries: int) -> list[dict[str, str]]:
     rng = random.Random(seed)
     cs, caps, fs, ls = (rng.sample(x, num_countries) for x in (COUNTRIES, CAPITALS, FIRST, LAST))
-    return [{"country": c, "capital": k, "founder": f"{f} {l}", "year": str(rng.randint(1100, 1899))}
-            for c, k, f, l in zip(cs, caps, fs, ls)]
+    return [{"country": c, "capital": k, "founder": f"{f} {last}", "year": str(rng.randint(1100, 1899))}
+            for c, k, f, last in zip(cs, caps, fs, ls)]
 
 
 def make_task(seed: int, num_countries: int, num_heldout: int, num_arith: int) -> dict[str, Any]:
@@ -80,9 +80,10 @@ def make_task(seed: int, num_countries: int, num_heldout: int, num_arith: int) -
             key[para] = v
     heldout = rng.sample(heldout, min(num_heldout, len(heldout)))
     assert not {normalize_text(q) for q in heldout} & {normalize_text(q) for q, _ in literal}
-    arith = [f"What is {rng.randint(2, 30)} + {rng.randint(2, 30)}?" for _ in range(num_arith)]
-    recurring = [rng.choice(RESPELL)(q) for q, _ in rng.sample(literal, 4)] + arith
-    return {"kb": kb, "literal": literal, "heldout": heldout, "arith": arith, "recurring": recurring, "key": key}
+    arith = [f"What is {rng.randint(2, 9)} + {rng.randint(2, 9)}?" for _ in range(num_arith)]
+    recurring = [rng.choice(RESPELL)(q) for q, _ in rng.sample(literal, 4)]
+    return {"kb": kb, "literal": literal, "heldout": heldout, "arith": arith, "recurring": recurring, "key": key,
+            "respell_seed": rng.random()}
 
 
 class DemoVerifier:
@@ -203,7 +204,7 @@ def run(args) -> dict[str, Any]:
             PageStore(d, StoreConfig(host_budget_bytes=1 << 30)) as store:
         lib = Library(lm, store, max_new_tokens=args.max_new_tokens)
         for problem, solution in task["literal"]:  # 1. seed the library
-            entry, m = measured(meter, lambda: lib.add(problem, solution, verifier))
+            entry, m = measured(meter, lambda p=problem, s=solution: lib.add(p, s, verifier))
             rows["library"].append({"problem": problem, "artifact": entry.artifact_id,
                                     "artifact_sha256": artifact_sha(store, entry.artifact_id), **m})
         log(f"library: {len(lib)} entries")
@@ -212,22 +213,35 @@ def run(args) -> dict[str, Any]:
         context = {"tokens": ingested, "artifact": context_art, "artifact_sha256": artifact_sha(store, context_art),
                    **m_ctx}
         for q in task["heldout"]:  # 2. held-out questions: bare model vs library as context
-            b, mb = measured(meter, lambda: answer_plain(lm, q, max_new_tokens=args.max_new_tokens))
+            b, mb = measured(meter, lambda q=q: answer_plain(lm, q, max_new_tokens=args.max_new_tokens))
             b.verdict = verifier.check(q, b.answer)
-            r, mr = measured(meter, lambda: lib.solve(q, verifier, deposit=False))
+            r, mr = measured(meter, lambda q=q: lib.solve(q, verifier, deposit=False))
             rows["heldout"].append({"question": q, "expected": task["key"][q], "base": _row(b, mb),
                                     "library": _row(r, mr)})
             log(f"held-out {q!r}: base {b.accepted} {b.answer!r} | library {r.accepted} {r.answer!r}")
+        # The flywheel, batched: held-out answers were generated against one library version (so the
+        # accuracy above is that version's); the verified ones are deposited now, in one version step each.
+        for row in rows["heldout"]:
+            if row["library"]["accepted"]:
+                lib.add(row["question"], row["library"]["answer"], verifier, source="solve")
+                rows["flywheel"].append({"problem": row["question"], "from": "held-out", **row["library"],
+                                         "deposited": True, "added_instead": False})
         for p in task["arith"]:  # 3. flywheel: generate with the library as context, verify, deposit
-            r, mr = measured(meter, lambda: lib.solve(p, verifier))
+            r, mr = measured(meter, lambda p=p: lib.solve(p, verifier))
             if not r.accepted:  # an external solver's answer, verified like any other
                 lib.add(p, str(arithmetic_answer(p)), verifier)
-            rows["flywheel"].append({"problem": p, **_row(r, mr), "added_instead": not r.accepted})
+            rows["flywheel"].append({"problem": p, "from": "arithmetic", **_row(r, mr),
+                                     "added_instead": not r.accepted})
             log(f"flywheel {p!r}: {r.answer!r} verified={r.accepted} deposited={r.deposited}")
-        for p in task["recurring"]:  # 4. recurring problems: bare model vs the grafted entry
-            b, mb = measured(meter, lambda: answer_plain(lm, p, max_new_tokens=args.max_new_tokens))
+        # 4. recurring problems: 4 respelled library questions, up to 2 held-out questions the flywheel
+        # deposited, and the arithmetic problems: bare model vs the grafted entry
+        rng = random.Random(task["respell_seed"])
+        deposited = [r["problem"] for r in rows["flywheel"] if r["from"] == "held-out"][:2]
+        task["recurring"] += [rng.choice(RESPELL)(q) for q in deposited] + task["arith"]
+        for p in task["recurring"]:
+            b, mb = measured(meter, lambda p=p: answer_plain(lm, p, max_new_tokens=args.max_new_tokens))
             b.verdict = verifier.check(p, b.answer)
-            r, mr = measured(meter, lambda: lib.solve(p, verifier))
+            r, mr = measured(meter, lambda p=p: lib.solve(p, verifier))
             assert r.route == "recurring", f"{p!r} should be recurring"
             rows["recurring"].append({"problem": p, "base": _row(b, mb), "cached": _row(r, mr),
                                       "recall_logits_sha256": recall_logits_sha(lm, store, r.artifact_id)})
@@ -263,7 +277,7 @@ def _row(r, m: dict[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- summary and report
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
-    h, rec = res["rows"]["heldout"], res["rows"]["recurring"]
+    h, rec, fly = res["rows"]["heldout"], res["rows"]["recurring"], res["rows"]["flywheel"]
     total = lambda rows, side, key: sum(r[side][key] for r in rows)  # noqa: E731
     ratio = lambda a, b: None if not b else a / b  # noqa: E731
     joules = [r[s]["joules"] for r in rec for s in ("base", "cached")]
@@ -278,8 +292,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         "decode_tokens_per_answer_cached": total(rec, "cached", "decode_tokens") / len(rec),
         "cpu_s_per_answer_base": total(rec, "base", "cpu_s") / len(rec),
         "cpu_s_per_answer_cached": total(rec, "cached", "cpu_s") / len(rec),
-        "flywheel_verified": sum(r["accepted"] for r in res["rows"]["flywheel"]),
-        "flywheel_problems": len(res["rows"]["flywheel"]),
+        "flywheel_deposited_heldout": sum(r["from"] == "held-out" for r in fly),
+        "flywheel_arithmetic_verified": sum(r["accepted"] for r in fly if r["from"] == "arithmetic"),
+        "flywheel_arithmetic_problems": sum(r["from"] == "arithmetic" for r in fly),
     }
     out["decode_tokens_ratio_base_over_cached"] = ratio(total(rec, "base", "decode_tokens"),
                                                        total(rec, "cached", "decode_tokens"))
@@ -310,7 +325,9 @@ def table(s: dict[str, Any], energy_source: str) -> str:
         f"| energy / recurring answer | {f(s.get('joules_per_answer_base'), '.1f')} J | "
         f"{f(s.get('joules_per_answer_cached'), '.1f')} J | {f(e, '.1f')}x |",
         "",
-        f"flywheel: {s['flywheel_verified']}/{s['flywheel_problems']} new problems verified and deposited; "
+        f"flywheel: {s['flywheel_deposited_heldout']} verified held-out answers deposited; "
+        f"{s['flywheel_arithmetic_verified']}/{s['flywheel_arithmetic_problems']} new arithmetic problems solved with "
+        "the library as context, verified and deposited",
         f"energy: {energy_source}",
     ]
     return "\n".join(lines)

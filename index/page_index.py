@@ -54,6 +54,7 @@ class PageIndex:
         self._page_ids: set[int] = set()
         self._bounds: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = \
             [None] * self.num_layers  # minmax scoring cache per layer, rebuilt after mutation
+        self._bounds_buffers: list = [None] * self.num_layers  # its backing arrays (spare capacity)
 
     def __len__(self) -> int:
         return len(self._page_ids)
@@ -98,7 +99,31 @@ class PageIndex:
                 rows = np.ascontiguousarray(s[:, layer, h].reshape(-1, self.dim))  # [N * R, D]
                 self._indexes[layer][h].add_with_ids(rows, row_ids)
         self._page_ids.update(ids.tolist())
-        self._bounds = [None] * self.num_layers
+        if self.method == "minmax":
+            for layer in range(self.num_layers):
+                self._append_bounds(layer, ids, s[:, layer])
+        else:
+            self._bounds = [None] * self.num_layers
+
+    def _append_bounds(self, layer: int, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Extend a layer's cached [max, min] bounds in place (amortised doubling), so that
+        indexing page after page costs O(pages) in total, not O(pages^2)."""
+        cached = self._bounds[layer]
+        if cached is None:
+            return  # built from the faiss rows at the next search
+        page_ids, upper, lower = cached
+        n, m = len(page_ids), len(ids)
+        buf_ids, buf_up, buf_low = self._bounds_buffers[layer]
+        if n + m > len(buf_ids):
+            cap = max(2 * len(buf_ids), n + m, 64)
+            buf_ids = np.resize(buf_ids, cap)
+            buf_up = np.concatenate([buf_up[:, :n], np.empty((self.num_heads, cap - n, self.dim))], axis=1)
+            buf_low = np.concatenate([buf_low[:, :n], np.empty((self.num_heads, cap - n, self.dim))], axis=1)
+            self._bounds_buffers[layer] = (buf_ids, buf_up, buf_low)
+        buf_ids[n:n + m] = ids
+        buf_up[:, n:n + m] = rows[:, :, 0].transpose(1, 0, 2)  # rows: [N, H, 2, D] -> [H, N, D]
+        buf_low[:, n:n + m] = rows[:, :, 1].transpose(1, 0, 2)
+        self._bounds[layer] = (buf_ids[:n + m], buf_up[:, :n + m], buf_low[:, :n + m])
 
     def remove(self, page_id: int) -> None:
         """Forget one page (``KeyError`` if it is not indexed). O(pages) per call."""
@@ -133,7 +158,7 @@ class PageIndex:
         if self.method == "minmax":
             page_ids, upper, lower = self._layer_bounds(layer)
             for h in range(self.num_heads):
-                scores = quest_bound(q[h], upper[:, h], lower[:, h])  # [N]
+                scores = quest_bound(q[h], upper[h], lower[h])  # [N]
                 ids, best = _top_pages(page_ids, scores, k, exclude)
                 out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
         else:
@@ -170,7 +195,7 @@ class PageIndex:
             want = min(total, 2 * want)
 
     def _layer_bounds(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # -> (page_ids [N] int64, upper [N, H, D] float64, lower [N, H, D] float64)
+        # -> (page_ids [N] int64, upper [H, N, D] float64, lower [H, N, D] float64)
         cached = self._bounds[layer]
         if cached is None:
             uppers, lowers = [], []
@@ -184,8 +209,10 @@ class PageIndex:
                 assert (row_ids == page_ids[:, None]).all(), "minmax rows out of step"
                 uppers.append(rows[:, 0])
                 lowers.append(rows[:, 1])
-            cached = (page_ids, np.stack(uppers, axis=1).astype(np.float64),
-                      np.stack(lowers, axis=1).astype(np.float64))
+            # [H, N, D] so that each head's bounds are one contiguous block
+            cached = (page_ids, np.ascontiguousarray(np.stack(uppers), dtype=np.float64),
+                      np.ascontiguousarray(np.stack(lowers), dtype=np.float64))
+            self._bounds_buffers[layer] = cached
             self._bounds[layer] = cached
         return cached
 
@@ -308,6 +335,12 @@ def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
                exclude: Container[int]) -> tuple[np.ndarray, np.ndarray]:
     # page_ids, scores: [N] (one score per page) -> up to k (ids, scores), best first,
     # ties by ascending id, skipping excluded pages.
+    m = k + _len_or_zero(exclude)
+    if hasattr(exclude, "__len__") and m < len(scores):
+        # Only the best m scores (and every tie of the m-th) can make the cut: sort just those.
+        threshold = np.partition(scores, len(scores) - m)[len(scores) - m]
+        cand = np.flatnonzero(scores >= threshold)
+        page_ids, scores = page_ids[cand], scores[cand]
     order = np.lexsort((page_ids, -scores))
     ids, best = [], []
     for i in order:

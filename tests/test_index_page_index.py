@@ -164,3 +164,20 @@ def test_add_many_equals_repeated_add():
     q = _queries()
     for a, b in zip(one.search(1, q, 4), many.search(1, q, 4)):
         assert a.tobytes() == b.tobytes()
+
+
+def test_minmax_bounds_grow_incrementally_like_a_rebuild():
+    """Searching between adds (as TieredModel does while ingesting) gives the same pages as an
+    index built in one batch: the cached bounds are extended in place, never stale."""
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal((300, 2, 2, 2, 8)).astype(np.float32)
+    s[:, :, :, 0] = np.abs(s[:, :, :, 0])
+    s[:, :, :, 1] = -np.abs(s[:, :, :, 1])
+    q = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    grown = PageIndex(2, 2, 8, method="minmax")
+    for i in range(300):
+        grown.add(i, s[i])
+        got = grown.union_topk(i % 2, q, 4, exclude={0})
+        batch = PageIndex(2, 2, 8, method="minmax")
+        batch.add_many(list(range(i + 1)), s[: i + 1])
+        assert got == batch.union_topk(i % 2, q, 4, exclude={0})

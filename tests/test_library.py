@@ -184,3 +184,38 @@ def test_tampered_entry_is_detected(lm, tmp_path):
         lib.store.set_meta(name, lib.store.get_meta(name).replace('"19"', '"20"'))
         with pytest.raises(CorruptLibraryError, match="SHA-256"):
             lib.get("What is 12 + 7?")
+
+
+def test_missing_pages_are_recomputed_from_the_verified_entry(lm, tmp_path):
+    from tieredkv.artifact import load_artifact
+
+    with opened(lm, tmp_path) as lib:
+        entry = lib.add("What is 12 + 7?", "19", ArithmeticVerifier())
+        before = lib.solve("What is 12 + 7?", ArithmeticVerifier())
+        for key in load_artifact(lib.store, entry.artifact_id).page_keys:
+            assert lib.store.remove(key)
+        after = lib.solve("What is 12 + 7?", ArithmeticVerifier())
+        assert after.route == "recurring" and after.answer == "19"
+        assert after.generated_ids == before.generated_ids  # the same bytes, recomputed
+
+
+def test_cli_add_solve_list(tmp_path, capsys):
+    from tieredkv.cli import main
+
+    store = str(tmp_path / "kv")
+    base = ["--model", "tiny-llama", "--store", store]
+    assert main(["library", "add", *base, "--problem", "What is 12 + 7?", "--solution", "18",
+                 "--verifier", "arithmetic"]) == 2
+    assert "SolutionRejectedError" in capsys.readouterr().err
+    assert main(["library", "add", *base, "--problem", "What is 12 + 7?", "--solution", "19",
+                 "--verifier", "arithmetic"]) == 0
+    added = json.loads(capsys.readouterr().out)
+    assert added["verdict"]["accepted"] and added["verifier"]["name"] == "arithmetic"
+    assert main(["library", "solve", *base, "--problem", "what is 12 + 7?", "--verifier", "arithmetic", "--json"]) == 0
+    solved = json.loads(capsys.readouterr().out)
+    assert solved["route"] == "recurring" and solved["answer"] == "19" and solved["decode_tokens"] <= 4
+    assert main(["library", "list", "--store", store, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["version"] == 1 and [e["problem"] for e in listed["entries"]] == ["What is 12 + 7?"]
+    assert main(["library", "list", "--store", store]) == 0
+    assert "1 verified entries" in capsys.readouterr().out

@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from paging import PageStore
-from paging.errors import ManifestNotFoundError
+from paging.errors import CorruptPageError, PageNotFoundError
 from tieredkv.artifact import deposit, graft, grafted_token_ids, load_artifact, prefill
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, TieredKVError
 from tieredkv.library_store import LibraryEntry, LibraryIndex, problem_sha256
@@ -135,13 +135,18 @@ class Library:
         existing = self.index.get(key)
         if existing is not None and existing.solution == solution and existing.verifier == identity:
             return existing
-        prompt = self.lm.codec.chat_prompt(problem)
-        ids = prompt + self.lm.codec.encode(solution)
-        art = deposit(self.lm, ids, self.store, name=f"{self.index.namespace}{key[:16]}")
-        entry = LibraryEntry(problem, key, solution, art.artifact_id, len(prompt), verdict.to_dict(), identity,
+        art, num_prompt = self._deposit(problem_text=problem, solution=solution)
+        entry = LibraryEntry(problem, key, solution, art.artifact_id, num_prompt, verdict.to_dict(), identity,
                              self.lm.fingerprint, source)
         self.index.put(entry)
         return entry
+
+    def _deposit(self, *, problem_text: str, solution: str):
+        """The artifact of one entry: chat-formatted problem, then the solution. Returns (artifact, prompt tokens)."""
+        prompt = self.lm.codec.chat_prompt(problem_text)
+        ids = prompt + self.lm.codec.encode(solution)
+        name = f"{self.index.namespace}{problem_sha256(problem_text)[:16]}"
+        return deposit(self.lm, ids, self.store, name=name), len(prompt)
 
     # ------------------------------------------------------------------ solve
     def solve(self, problem: str, verifier, *, deposit: bool = True) -> SolveResult:
@@ -171,9 +176,12 @@ class Library:
         decode a few tokens to see the model close its turn. None if the stored solution no longer passes."""
         try:
             art = load_artifact(self.store, entry.artifact_id)
-        except (ArtifactNotFoundError, ManifestNotFoundError):
-            return None  # the artifact is gone: solve it afresh (and re-deposit)
-        ids = grafted_token_ids(self.store, art)  # SHA-256-verified pages
+            ids = grafted_token_ids(self.store, art)  # SHA-256-verified pages
+        except (ArtifactNotFoundError, PageNotFoundError, CorruptPageError):
+            # NOTE: bad or missing bytes are a miss, never served: recompute the pages from the entry's
+            # verified text (corrupt pages were quarantined by the store), then read them back.
+            art = self._deposit(problem_text=entry.problem, solution=entry.solution)[0]
+            ids = grafted_token_ids(self.store, art)
         answer = self.lm.codec.decode(ids[entry.prompt_tokens:]).strip()
         verdict = v.check(problem, answer)
         if not verdict.accepted:

@@ -156,7 +156,7 @@ def resolve_argv(argv: list[str]) -> list[str]:
 
 def run_subprocess(argv: list[str], cwd: Path) -> dict[str, Any]:
     """Run `argv` in `cwd`; the last JSON object on its stdout is the re-run's output."""
-    proc = subprocess.run(resolve_argv(argv), cwd=cwd, capture_output=True, text=True)
+    proc = subprocess.run(resolve_argv(argv), cwd=cwd, capture_output=True, text=True, check=False)
     text = proc.stdout.strip()
     start = text.find("{")
     try:
@@ -180,8 +180,9 @@ def rerun_outputs(plan: Plan, rerun: dict[str, Any]) -> dict[str, str]:
 
 
 def recheck(report_path: str | Path, *, allow_domain_mismatch: bool = False,
-            runner: Callable[[list[str], Path], dict[str, Any]] = run_subprocess) -> Result:
-    """Re-run the report's recipe and compare every committed hash; refuses another domain (DomainMismatchError)."""
+            runner: Callable[[list[str], Path], dict[str, Any]] | None = None) -> Result:
+    """Re-run the report's recipe (`runner`, default: a subprocess) and compare every committed hash;
+    refuses another determinism domain (DomainMismatchError) unless `allow_domain_mismatch`."""
     path = Path(report_path)
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -193,7 +194,7 @@ def recheck(report_path: str | Path, *, allow_domain_mismatch: bool = False,
     if diffs and not allow_domain_mismatch:
         raise _refuse(diffs)  # before a re-run that could not confirm anything
     t0 = time.perf_counter()
-    rerun = runner(plan.argv, repo_root(path))
+    rerun = (runner or run_subprocess)(plan.argv, repo_root(path))
     result.rerun_s = time.perf_counter() - t0
     rerun_domain = rerun.get("domain")
     diffs = domain_differences(plan.domain, rerun_domain) if isinstance(rerun_domain, dict) else \
