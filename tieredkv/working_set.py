@@ -4,6 +4,7 @@ Pure functions over page spans: no store, no model. The cache feeds them and ass
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,12 +21,10 @@ class Span:
 
 
 def sliding_spans(spans: Sequence[Span], first_needed: int) -> list[tuple[Span, int]]:
-    """Pages overlapping `[first_needed, ...)`, each with the offset of its first needed token."""
-    out = []
-    for s in spans:
-        if s.end > first_needed:
-            out.append((s, max(0, first_needed - s.start)))
-    return out
+    """Pages overlapping `[first_needed, ...)`, each with the offset of its first needed token.
+    Spans are in position order: a binary search keeps this O(log pages + window)."""
+    i = bisect.bisect_right(spans, first_needed, key=lambda s: s.end)
+    return [(s, max(0, first_needed - s.start)) for s in spans[i:]]
 
 
 def select_pages(num_pages: int, *, sink: int, local: int, retrieved: Sequence[int]) -> list[int]:
