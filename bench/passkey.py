@@ -51,6 +51,20 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict) -> list[int]
             tm.close()
 
 
+def _write(a, lm, cfg_kw, rows) -> list[dict]:
+    summary: dict = {}
+    for r in rows:
+        k = (r["task"], r["system"], r["context_tokens"] // 1024 * 1024)
+        summary.setdefault(k, []).append(r["correct"])
+    table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
+             for (t, s, c), v in sorted(summary.items())]
+    report = {"bench": "passkey", "model": lm.name, "model_fingerprint": lm.fingerprint,
+              "config": {**cfg_kw, "sink_pages": 1, "page_size": lm.default_page_size, "args": vars(a)},
+              "environment": environment(), "rows": rows, "accuracy": table}
+    write_report(a.out, report)
+    return table
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -64,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--topk-pages", type=int, default=16)
     ap.add_argument("--summary", default="minmax")
     ap.add_argument("--out", default="bench/results/passkey.json")
+    ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
@@ -71,37 +86,32 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary)
-    rows = []
-    for task_name in a.tasks.split(","):
-        for n in [int(x) for x in a.contexts.split(",")]:
-            for depth in [float(x) for x in a.depths.split(",")]:
-                for seed in range(a.seeds):
-                    task = TASKS[task_name](lm.codec, n, depth, seed)
-                    for system in a.systems.split(","):
-                        t0 = time.perf_counter()
-                        if system == "plain":
-                            out = run_plain(lm, task, a.max_new_tokens)
-                        else:
-                            out = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
-                        text = lm.codec.decode(out)
-                        row = {"task": task_name, "context_tokens": len(task.doc_ids) + len(task.question_ids),
-                               "depth": depth, "seed": seed, "system": system, "answer": task.answer,
-                               "output": text, "correct": task.answer in text,
-                               "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
-                               "output_ids_sha256": sha256_ids(out), "seconds": round(time.perf_counter() - t0, 2)}
-                        rows.append(row)
-                        print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
-                              f"{'OK ' if row['correct'] else 'BAD'} {text!r} ({row['seconds']}s)", file=sys.stderr)
-    summary = {}
-    for r in rows:
-        k = (r["task"], r["system"], r["context_tokens"] // 1024 * 1024)
-        summary.setdefault(k, []).append(r["correct"])
-    table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
-             for (t, s, c), v in sorted(summary.items())]
-    report = {"bench": "passkey", "model": lm.name, "model_fingerprint": lm.fingerprint,
-              "config": {**cfg_kw, "sink_pages": 1, "page_size": lm.default_page_size, "args": vars(a)},
-              "environment": environment(), "rows": rows, "accuracy": table}
-    write_report(a.out, report, print_json=a.json)
+    rows, table = [], []
+    plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
+    if a.multikey_max:
+        plan = [(t, n) for t, n in plan if t != "multikey" or n <= a.multikey_max]
+    for task_name, n in plan:
+        for depth in [float(x) for x in a.depths.split(",")]:
+            for seed in range(a.seeds):
+                task = TASKS[task_name](lm.codec, n, depth, seed)
+                for system in a.systems.split(","):
+                    t0 = time.perf_counter()
+                    if system == "plain":
+                        out = run_plain(lm, task, a.max_new_tokens)
+                    else:
+                        out = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
+                    text = lm.codec.decode(out)
+                    row = {"task": task_name, "context_tokens": len(task.doc_ids) + len(task.question_ids),
+                           "depth": depth, "seed": seed, "system": system, "answer": task.answer,
+                           "output": text, "correct": task.answer in text,
+                           "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
+                           "output_ids_sha256": sha256_ids(out), "seconds": round(time.perf_counter() - t0, 2)}
+                    rows.append(row)
+                    table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
+                    print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
+                          f"{'OK ' if row['correct'] else 'BAD'} {text!r} ({row['seconds']}s)", file=sys.stderr)
+    if a.json:
+        print(Path(a.out).read_text())
     print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")
     for r in table:
         print(f"| {r['task']} | {r['system']} | {r['context_tokens']:,} | {r['accuracy']:.2f} | {r['samples']} |")

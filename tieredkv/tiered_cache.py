@@ -10,6 +10,7 @@ never the working-set size.
 """
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,8 @@ class TieredCache(Cache):
         self.layout: PageLayout | None = None
         self.index: PageIndex | None = None
         self._unwritten: list[Page] = []
-        self.retrieval_log: list[list[int]] = []  # pages selected per (layer, forward) beyond sink/local
+        # pages retrieved per (layer, forward), most recent only: bounded, a long session must not grow it
+        self.retrieval_log: collections.deque[list[int]] = collections.deque(maxlen=16384)
         self.fetch_counts = {"device_hits": 0, "fetches": 0}
         self.prefetcher = Prefetcher(store)
         self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
