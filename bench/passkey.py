@@ -54,7 +54,7 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict) -> list[int]
 def _write(a, lm, cfg_kw, rows) -> list[dict]:
     summary: dict = {}
     for r in rows:
-        k = (r["task"], r["system"], r["context_tokens"] // 1024 * 1024)
+        k = (r["task"], r["system"], r.get("target_tokens", r["context_tokens"]))
         summary.setdefault(k, []).append(r["correct"])
     table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
              for (t, s, c), v in sorted(summary.items())]
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                     else:
                         out = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
                     text = lm.codec.decode(out)
-                    row = {"task": task_name, "context_tokens": len(task.doc_ids) + len(task.question_ids),
+                    row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
                            "depth": depth, "seed": seed, "system": system, "answer": task.answer,
                            "output": text, "correct": task.answer in text,
                            "input_sha256": sha256_ids(task.doc_ids + task.question_ids),

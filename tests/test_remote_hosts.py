@@ -131,6 +131,9 @@ def test_graft_survives_a_restart_and_fails_clearly_when_the_server_dies(lm, tmp
         with PageStore(tmp_path / "h3", StoreConfig(remote=url.replace(
                 "retries=6", "retries=1"))) as h3:
             found = load_artifact(h3, art.artifact_id)
+            # page-by-page reads here: graft's pipelined prefetch would fetch every page in one
+            # round trip, before the kill; this test is about the server dying between reads
+            h3.prefetch = lambda keys: 0
             _hook_after(h3, 4, server.kill)     # mid-graft: dead for good
             with pytest.warns(RemoteTierWarning, match="unreachable"):
                 with pytest.raises(PageNotFoundError, match="unreachable"):
