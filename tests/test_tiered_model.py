@@ -190,3 +190,15 @@ def test_qa_cli_ingests_then_grafts(tmp_path, capsys):
     assert second["context"].startswith("grafted") and second["artifact"] == first["artifact"]
     assert second["answer"] == first["answer"]  # same context, same greedy answer
     assert first["retrieved_pages"] and "text" in first["retrieved_pages"][0]
+
+
+def test_ingesting_a_document_that_extends_an_earlier_one(tiny_model, tmp_path):
+    """Page keys are sound with the default one-page chunks: the shared prefix pages are the same
+    bytes, so the second ingest re-writes them idempotently instead of raising PageConflictError."""
+    lm = tiny_model("tiny-llama")
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2)
+    doc = _ids(500, 8)
+    with tiered(lm, tmp_path, cfg) as tm:
+        short = tm.ingest(doc[:300])
+        longer = tm.ingest(doc)
+    assert longer.page_keys[:9] == short.page_keys[:9]  # the 9 full pages of the short document
