@@ -26,7 +26,7 @@ import lmdb
 
 from .errors import (CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
                      StoreFullError)
-from .page import FORMAT_VERSION, Page
+from .page import FORMAT_VERSION, Page, is_valid_page
 from .tier import Tier
 
 T = TypeVar("T")
@@ -197,14 +197,6 @@ class LMDBTier(Tier):
         cur = int(txn.get(_PAYLOAD_NBYTES, b"0", db=meta))
         txn.put(_PAYLOAD_NBYTES, str(max(0, cur + delta)).encode(), db=meta)
 
-    @staticmethod
-    def _is_valid(raw: bytes, key: str) -> bool:
-        try:
-            Page.from_bytes(raw, expected_key=key)
-            return True
-        except CorruptPageError:
-            return False
-
     def _quarantine_in(self, txn: lmdb.Transaction, key: str, raw: bytes) -> bool:
         """Move `raw` from pages to quarantine if it is still what pages holds."""
         k = key.encode()
@@ -246,7 +238,7 @@ class LMDBTier(Tier):
                 if old == value:
                     continue
                 if old is not None:
-                    if self._is_valid(old, k.decode()):
+                    if is_valid_page(old, k.decode()):
                         raise PageConflictError(
                             f"page {k.decode()} is stored with different bytes: the same "
                             f"token chain produced different KV — check the determinism "
@@ -363,7 +355,7 @@ class LMDBTier(Tier):
             if raw is None:
                 continue  # removed meanwhile
             checked += 1
-            if self._is_valid(raw, key):
+            if is_valid_page(raw, key):
                 ok += 1
             else:
                 self._quarantine(key, raw)

@@ -293,3 +293,12 @@ def _parse(mv: memoryview, expected_key: str | None) -> Page:
     return Page(key=key, parent_key=hdr["parent_key"], fingerprint=hdr["fingerprint"],
                 start=hdr["start"], token_ids=tuple(ids), layout=layout,
                 payload_sha256=hdr["payload_sha256"], payload=bytes(payload))
+
+
+def is_valid_page(raw: bytes | memoryview, key: str) -> bool:
+    """Whether `raw` parses and verifies as the page stored under `key`."""
+    try:
+        Page.from_bytes(raw, expected_key=key)
+        return True
+    except CorruptPageError:
+        return False

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 import psutil
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore
+from paging.page import is_valid_page
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
 from tieredkv.artifact import STORE_FINGERPRINT_META, Artifact, artifact_id, load_artifact
 from tieredkv.artifact import chain_fingerprint as _chain_fingerprint
@@ -156,7 +157,7 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
 
     def no_conflict(i: int, page: Page, blob: bytes) -> None:
         stored = store.lmdb_tier.get_raw(page.key)
-        if stored is not None and stored != blob and _is_valid(stored, page.key):
+        if stored is not None and stored != blob and is_valid_page(stored, page.key):
             raise PageConflictError(f"page {i} ({page.key}) is in store {store.path} with other bytes: the same "
                                     "token chain produced different KV — check the determinism domain")
 
@@ -205,14 +206,6 @@ def _check_manifest_slot(store: PageStore, art: Artifact, manifest: bytes) -> No
     if stored != manifest:
         raise PageConflictError(f"store {store.path} holds artifact {art.artifact_id} with another manifest; "
                                 "delete it first (PageStore.delete_manifest) if replacing it is intended")
-
-
-def _is_valid(raw: bytes, key: str) -> bool:
-    try:
-        Page.from_bytes(raw, expected_key=key)
-        return True
-    except CorruptPageError:
-        return False
 
 
 # ----------------------------------------------------------------------------- chain checks

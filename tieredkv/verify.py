@@ -115,6 +115,7 @@ def verify(lm: LoadedModel, spec: VerifySpec = VerifySpec(), *, store: PageStore
         "model": lm.name, "model_fingerprint": lm.fingerprint, "domain": domain, "domain_id": domain_id(domain),
         "samples": len(rows), "sha256_equal": sum(r["sha256_equal"] for r in rows),
         "kl_max": kl_max if not math.isnan(kl_max) else None, "argmax_agreement": agree / total,
-        "shift": spec.shift, "tokens": spec.tokens, "page_size": page_size,
+        "shift": spec.shift, "tokens": spec.tokens, "page_size": page_size, "seed": spec.seed,
+        "continuation": spec.continuation,
         "corpus_sha256": text_sha256(python_reference()), "rows": rows,
     }
