@@ -79,9 +79,14 @@ def cmd_qa(a) -> int:
         raise EmptyInputError("the question is empty")
     lm = load_model(a.model)
     store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
-    config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
-                          topk_pages=a.topk_pages, position=a.position)
     doc_ids, q_ids = _prompt_parts(lm, document, question)
+    position = a.position
+    if position == "auto":  # own positions inside the model's window (exact), fixed distance beyond it
+        window = getattr(lm.model.config, "max_position_embeddings", None)
+        fits = window is None or len(doc_ids) + len(q_ids) + a.max_new_tokens <= window
+        position = "own" if fits or lm.model.config.model_type == "gpt2" else "fixed"
+    config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
+                          topk_pages=a.topk_pages, position=position)
     name = "doc:" + hashlib.sha256(document.encode()).hexdigest()
     t0 = time.perf_counter()
     with PageStore(store_dir, StoreConfig(lmdb_max_map_size=a.disk_budget)) as store:
@@ -114,7 +119,7 @@ def cmd_qa(a) -> int:
             top.append({"page": pid, "tokens": [span.start, span.end], "times_retrieved": n, "text": text})
         stats = store.stats()
         tm.close()
-    report = {"answer": answer, "question": question, "context": how, "artifact": art.artifact_id,
+    report = {"answer": answer, "question": question, "context": how, "position": position, "artifact": art.artifact_id,
               "document_tokens": len(doc_ids), "pages": len(art.page_keys), "context_s": round(t_ctx, 2),
               "answer_s": round(t_answer, 2), "retrieved_pages": top, "store": store_dir,
               "tiers": {k: stats[k] for k in ("device", "host", "lmdb")}}
@@ -122,7 +127,8 @@ def cmd_qa(a) -> int:
         print_json(report)
         return 0
     print(f"Q: {question}\nA: {answer}\n")
-    print(f"context: {len(doc_ids):,} tokens, {len(art.page_keys)} pages, {how} in {t_ctx:.1f}s; "
+    print(f"context: {len(doc_ids):,} tokens, {len(art.page_keys)} pages, {how} in {t_ctx:.1f}s "
+          f"(position policy {position}); "
           f"answer in {t_answer:.1f}s; artifact {art.artifact_id}")
     if not top:
         print("retrieval: the whole context fit the working set (nothing needed retrieving)")
@@ -148,7 +154,8 @@ def register(sub) -> None:
     p.add_argument("--sink-pages", type=int, default=1)
     p.add_argument("--local-pages", type=int, default=16)
     p.add_argument("--topk-pages", type=int, default=16)
-    p.add_argument("--position", choices=("own", "fixed"), default="own")
+    p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
+                   help="auto: own positions when the context fits the model's window, else fixed distance")
     p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")
     p.add_argument("--show-pages", type=int, default=3, help="how many retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
