@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, page_key
-from paging.errors import ManifestNotFoundError
+from paging.errors import CorruptPageError, ManifestNotFoundError
 from tieredkv.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
@@ -203,10 +203,13 @@ def load_pages(store: PageStore, art: Artifact) -> list[Page]:
     store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
     for key in art.page_keys:
         page = store.get(key)  # raises CorruptPageError: never served
-        assert page.parent_key == parent and page.start == pos, f"page {key} breaks the chain"
+        if page.parent_key != parent or page.start != pos:
+            raise CorruptPageError(key, f"breaks the chain of artifact {art.artifact_id} (parent or position differs)")
         pages.append(page)
         parent, pos = key, pos + page.num_tokens
-    assert pos == art.num_tokens
+    if pos != art.num_tokens:
+        raise CorruptPageError(art.root_sha256, f"artifact {art.artifact_id} pages hold {pos} tokens, manifest says "
+                                                f"{art.num_tokens}")
     return pages
 
 
