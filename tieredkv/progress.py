@@ -1,4 +1,4 @@
-"""Progress bars (tqdm on stderr) for long work; silent when asked or when stderr is not a terminal."""
+"""Progress bars (tqdm on stderr) for long work; silent when asked."""
 from __future__ import annotations
 
 import contextlib
@@ -9,16 +9,19 @@ from tqdm import tqdm
 
 
 @contextlib.contextmanager
-def token_bar(desc: str, *, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
-    """Yields `update(done_tokens, total_tokens)`; shows tokens/s."""
+def count_bar(desc: str, total: int | None = None, *, unit: str, quiet: bool = False,
+              unit_scale: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """Yields `update(done, total)`. The bar appears on the first update (so a total that is only
+    known then still works) and closes on exit."""
     bar = None
 
-    def update(done: int, total: int) -> None:
+    def update(done: int, new_total: int) -> None:
         nonlocal bar
         if quiet:
             return
         if bar is None:
-            bar = tqdm(total=total, desc=desc, unit="tok", unit_scale=True, file=sys.stderr, leave=False)
+            bar = tqdm(total=total if total is not None else new_total, desc=desc, unit=unit,
+                       unit_scale=unit_scale, file=sys.stderr, leave=False)
         bar.n = done
         bar.refresh()
 
@@ -29,17 +32,6 @@ def token_bar(desc: str, *, quiet: bool = False) -> Iterator[Callable[[int, int]
             bar.close()
 
 
-@contextlib.contextmanager
-def count_bar(desc: str, total: int, *, unit: str, quiet: bool = False) -> Iterator[Callable[[int, int], None]]:
-    bar = None if quiet else tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
-
-    def update(done: int, _total: int) -> None:
-        if bar is not None:
-            bar.n = done
-            bar.refresh()
-
-    try:
-        yield update
-    finally:
-        if bar is not None:
-            bar.close()
+def token_bar(desc: str, *, quiet: bool = False):
+    """A `count_bar` in tokens, showing tokens/s."""
+    return count_bar(desc, unit="tok", unit_scale=True, quiet=quiet)
