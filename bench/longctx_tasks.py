@@ -24,13 +24,9 @@ class Task:
 
 
 def _chat_split(codec):
-    tok = getattr(codec, "tokenizer", None)
-    if tok is not None and getattr(tok, "chat_template", None):
-        marker = "\u2063X\u2063"
-        full = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
-                                       tokenize=False)
-        return full.split(marker)
-    return "", "\n"
+    from tieredkv.text_codec import chat_frame
+
+    return chat_frame(codec)
 
 
 def _haystack(codec, needles: list[tuple[float, str]], intro: str, question: str, answer_prefix: str,

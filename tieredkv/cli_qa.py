@@ -12,13 +12,11 @@ from tieredkv.cli_common import model_arg, print_json
 
 def _prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int]]:
     """Token ids of (document part, question part) of one chat turn, so the document can be reused."""
+    from tieredkv.text_codec import chat_frame
+
     codec = lm.codec
-    tok = getattr(codec, "tokenizer", None)
-    if tok is not None and getattr(tok, "chat_template", None):
-        marker = "\u2063DOC\u2063"
-        full = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True,
-                                       tokenize=False)
-        pre, post = full.split(marker)
+    if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
+        pre, post = chat_frame(codec)
         doc = codec.encode(pre + "Read this document.\n\n" + document)
         q = codec.encode(f"\n\nAnswer from the document above in one or two sentences. Question: {question}" + post)
         return doc, q

@@ -58,3 +58,15 @@ class HFCodec:
                 out = out["input_ids"]
             return list(out)
         return self.encode(user)
+
+
+def chat_frame(codec) -> tuple[str, str]:
+    """The text before and after a single user message in the codec's chat template
+    (("", "\\n") without one), so long content can be tokenized apart from the question."""
+    tok = getattr(codec, "tokenizer", None)
+    if tok is None or not getattr(tok, "chat_template", None):
+        return "", "\n"
+    marker = "\u2063MSG\u2063"
+    full = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=True, tokenize=False)
+    pre, post = full.split(marker)
+    return pre, post
