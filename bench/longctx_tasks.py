@@ -21,6 +21,7 @@ class Task:
     doc_ids: list[int]
     question_ids: list[int]
     answer: str
+    needle_span: tuple[int, int] = (0, 0)  # token range [start, end) of the answering needle in doc_ids
 
 
 def _chat_split(codec):
@@ -30,27 +31,36 @@ def _chat_split(codec):
 
 
 def _haystack(codec, needles: list[tuple[float, str]], intro: str, question: str, answer_prefix: str,
-              num_tokens: int) -> tuple[list[int], list[int]]:
+              num_tokens: int, target: int = 0) -> tuple[list[int], list[int], tuple[int, int]]:
+    """(document ids, question ids, token span of needles[target] in the document)."""
     pre, post = _chat_split(codec)
     head = codec.encode(pre + intro)
     tail_q = codec.encode("\n\n" + question + post + answer_prefix)
     filler = codec.encode(FILLER)
-    needle_ids = [(d, codec.encode(" " + text + " ")) for d, text in needles]
-    budget = num_tokens - len(head) - len(tail_q) - sum(len(n) for _, n in needle_ids)
+    needle_ids = [(d, codec.encode(" " + text + " "), i) for i, (d, text) in enumerate(needles)]
+    budget = num_tokens - len(head) - len(tail_q) - sum(len(n) for _, n, _ in needle_ids)
     if budget < len(filler):
         raise ValueError(f"{num_tokens} tokens is too short for this task")
     reps = budget // len(filler)
     body: list[int] = []
     inserted = sorted(needle_ids, key=lambda x: x[0])
+    span = (0, 0)
+
+    def insert(needle):
+        nonlocal span, body
+        if needle[2] == target:
+            span = (len(head) + len(body), len(head) + len(body) + len(needle[1]))
+        body += needle[1]
+
     k = 0
     for r in range(reps):
         while k < len(inserted) and r >= int(inserted[k][0] * reps):
-            body += inserted[k][1]
+            insert(inserted[k])
             k += 1
         body += filler
-    for _, n in inserted[k:]:
-        body += n
-    return head + body, tail_q
+    for needle in inserted[k:]:
+        insert(needle)
+    return head + body, tail_q, span
 
 
 def passkey(codec, num_tokens: int, depth: float, seed: int) -> Task:
@@ -59,8 +69,8 @@ def passkey(codec, num_tokens: int, depth: float, seed: int) -> Task:
     needle = f"The pass key is {key}. Remember it. {key} is the pass key."
     intro = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
              "I will quiz you about the important information there.\n\n")
-    doc, q = _haystack(codec, [(depth, needle)], intro, "What is the pass key?", "The pass key is", num_tokens)
-    return Task("passkey", num_tokens, depth, seed, doc, q, key)
+    doc, q, span = _haystack(codec, [(depth, needle)], intro, "What is the pass key?", "The pass key is", num_tokens)
+    return Task("passkey", num_tokens, depth, seed, doc, q, key, span)
 
 
 def multikey(codec, num_tokens: int, depth: float, seed: int, num_keys: int = 4) -> Task:
@@ -72,9 +82,9 @@ def multikey(codec, num_tokens: int, depth: float, seed: int, num_keys: int = 4)
     depths = [depth if i == target else rng.random() for i in range(num_keys)]
     needles = [(d, f"One of the special magic numbers for {k} is: {v}.") for d, k, v in zip(depths, keys, values)]
     intro = "Some special magic numbers are hidden within the following text. Make sure to memorize them.\n\n"
-    doc, q = _haystack(codec, needles, intro, f"What is the special magic number for {keys[target]}?",
-                       f"The special magic number for {keys[target]} is:", num_tokens)
-    return Task("multikey", num_tokens, depth, seed, doc, q, values[target])
+    doc, q, span = _haystack(codec, needles, intro, f"What is the special magic number for {keys[target]}?",
+                             f"The special magic number for {keys[target]} is:", num_tokens, target)
+    return Task("multikey", num_tokens, depth, seed, doc, q, values[target], span)
 
 
 TASKS = {"passkey": passkey, "multikey": multikey}

@@ -59,10 +59,14 @@ def decode_ms(step, num_tokens: int) -> tuple[float, list[int]]:
     return 1000 * times[len(times) // 2], out
 
 
-def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log):
-    # NOTE: the device tier is sized to one working set (all layers), so it cannot grow with context.
-    working_set_bytes = cfg.capacity_pages * (cfg.page_size or lm.default_page_size) * kv_bytes_per_token(lm.model)
-    store = PageStore(store_dir, StoreConfig(device_budget_bytes=int(working_set_bytes * 1.25)))
+def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None):
+    # NOTE: the device tier is sized to the largest working set (all layers), so it cannot grow
+    # with context, and sink and local pages stay resident while retrieved pages change.
+    kv_heads = lm.model.config.get_text_config(decoder=True).num_key_value_heads
+    pages = cfg.working_set_pages(kv_heads)
+    working_set_bytes = pages * (cfg.page_size or lm.default_page_size) * kv_bytes_per_token(lm.model)
+    store = PageStore(store_dir, StoreConfig(device_budget_bytes=int(working_set_bytes),
+                                             host_budget_bytes=host_budget))
     tm = TieredModel(lm, store, cfg)
     rows, pos, t_ingest = [], 0, 0.0
     for n in contexts:
@@ -80,7 +84,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log):
         st = store.stats()
         row = {"system": "tiered", "context_tokens": n, "device_tier_bytes": st["device"]["bytes"],
                "device_budget_bytes": st["device"]["budget_bytes"], "cuda_peak_bytes": cuda_peak(),
-               "host_tier_bytes": st["host"]["bytes"], "host_rss_bytes": rss(),
+               "host_tier_bytes": st["host"]["bytes"], "host_budget_bytes": st["host"]["budget_bytes"],
+               "host_rss_bytes": rss(),
                "disk_bytes": st["lmdb"]["disk_bytes"], "decode_ms_per_token": ms,
                "ingest_tokens_per_s": n / t_ingest, "pages": len(tm.cache.spans),
                "input_sha256": sha256_ids(ids[:pos]), "output_ids_sha256": sha256_ids(out)}
@@ -159,6 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--contexts", default=DEFAULT_CONTEXTS)
     ap.add_argument("--page-size", type=int, default=128)
+    ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
+    ap.add_argument("--host-budget-gib", type=float,
+                    help="host tier budget (default: 25%% of available RAM); pages beyond it are read from LMDB")
     ap.add_argument("--decode-tokens", type=int, default=9)
     ap.add_argument("--plain-budget-s", type=float, default=300.0)
     ap.add_argument("--no-plain", action="store_true")
@@ -173,11 +181,12 @@ def main(argv=None) -> int:
     lm = load_model(a.model)
     contexts = sorted(int(x) for x in a.contexts.split(","))
     ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
-    cfg = TieredConfig(page_size=a.page_size)
+    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     rows = []
     with tempfile.TemporaryDirectory(prefix="tkv-mem-") as tmp:
-        rows += tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log)
+        host = int(a.host_budget_gib * 2**30) if a.host_budget_gib else None
+        rows += tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log, host)
     if not a.no_plain:
         rows += plain_rows(lm, ids, contexts, a.decode_tokens, a.plain_budget_s, log)
     tiered = [r for r in rows if r.get("system") == "tiered"]

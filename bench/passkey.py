@@ -41,12 +41,20 @@ def run_plain(lm, task, max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict) -> list[int]:
+def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict) -> tuple[list[int], float | None]:
+    """Output ids, and the fraction of the question's and answer's retrievals (per layer and
+    forward) that brought in a page of the answering needle (None: nothing needed retrieving)."""
     with tempfile.TemporaryDirectory(prefix="tkv-passkey-") as d, PageStore(d, StoreConfig()) as store:
         tm = TieredModel(lm, store, TieredConfig(position=position, **cfg_kw))
         try:
             tm.prefill(task.doc_ids)
-            return tm.generate(task.question_ids, max_new_tokens=max_new)
+            tm.cache.retrieval_log.clear()
+            out = tm.generate(task.question_ids, max_new_tokens=max_new)
+            s, e = task.needle_span
+            needle_pages = set(range(s // tm.page_size, (e - 1) // tm.page_size + 1))
+            log = list(tm.cache.retrieval_log)
+            hit = sum(bool(needle_pages & set(sel)) for sel in log) / len(log) if log else None
+            return out, hit
         finally:
             tm.close()
 
@@ -79,13 +87,16 @@ def main(argv=None) -> int:
     ap.add_argument("--summary", default="minmax")
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
+    ap.add_argument("--plain-max", type=int,
+                    help="run the plain model only up to this context (its attention is quadratic)")
+    ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary)
+    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages)
     rows, table = [], []
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:
@@ -95,21 +106,24 @@ def main(argv=None) -> int:
             for seed in range(a.seeds):
                 task = TASKS[task_name](lm.codec, n, depth, seed)
                 for system in a.systems.split(","):
+                    if system == "plain" and a.plain_max and n > a.plain_max:
+                        continue
                     t0 = time.perf_counter()
                     if system == "plain":
-                        out = run_plain(lm, task, a.max_new_tokens)
+                        out, needle_hit = run_plain(lm, task, a.max_new_tokens), None
                     else:
-                        out = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
+                        out, needle_hit = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
                     text = lm.codec.decode(out)
                     row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
                            "depth": depth, "seed": seed, "system": system, "answer": task.answer,
-                           "output": text, "correct": task.answer in text,
+                           "output": text, "correct": task.answer in text, "needle_retrieved": needle_hit,
                            "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
                            "output_ids_sha256": sha256_ids(out), "seconds": round(time.perf_counter() - t0, 2)}
                     rows.append(row)
                     table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
                     print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
-                          f"{'OK ' if row['correct'] else 'BAD'} {text!r} ({row['seconds']}s)", file=sys.stderr)
+                          f"{'OK ' if row['correct'] else 'BAD'} {text!r} needle_retrieved={needle_hit} "
+                          f"({row['seconds']}s)", file=sys.stderr)
     if a.json:
         print(Path(a.out).read_text())
     print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")

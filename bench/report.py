@@ -27,7 +27,9 @@ def environment() -> dict[str, Any]:
     env = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "ram_bytes": psutil.virtual_memory().total, "python": sys.version.split()[0],
            "torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
-           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+           "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           # the machine is shared: the load when the report was written says how noisy its times are
+           "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
     return env
 
 

@@ -71,7 +71,8 @@ class LMDBTier(Tier):
     name = "lmdb"
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 1 << 30,
-                 max_map_size: int | None = None, readonly: bool = False) -> None:
+                 max_map_size: int | None = None, readonly: bool = False,
+                 readahead: bool = True) -> None:
         if map_size <= 0 or (max_map_size is not None and max_map_size < map_size):
             raise PagingError(f"need 0 < map_size <= max_map_size, got {map_size}, "
                               f"{max_map_size}")
@@ -94,7 +95,7 @@ class LMDBTier(Tier):
             if not readonly:
                 os.makedirs(self.path, exist_ok=True)
             self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
-                                  writemap=False, sync=True, metasync=True, readahead=False,
+                                  writemap=False, sync=True, metasync=True, readahead=readahead,
                                   lock=True, readonly=readonly)
             self._env.reader_check()  # clear reader slots of killed processes
             self._dbs = {name: self._env.open_db(name.encode(), create=not readonly)

@@ -57,6 +57,10 @@ class StoreConfig:
     device: str = "cpu"
     lmdb_map_size: int = 1 * _GiB
     lmdb_max_map_size: int | None = None
+    # NOTE: pages are large values stored contiguously, read whole: OS read-ahead makes cold reads
+    # ~10x faster (measured 54 -> 518 MiB/s on 4 MiB values). Turn it off only for a store much
+    # larger than RAM read in small random pieces, where read-ahead would evict useful pages.
+    lmdb_readahead: bool = True
     remote: str | None = None
     remote_mode: str = "write-through"
     remote_from_env: bool = False
@@ -106,7 +110,7 @@ class PageStore:
         self.config = config
         self.path = os.fspath(path)
         self._lmdb = LMDBTier(path, map_size=config.lmdb_map_size,
-                              max_map_size=config.lmdb_max_map_size)
+                              max_map_size=config.lmdb_max_map_size, readahead=config.lmdb_readahead)
         self._host = HostTier(config.resolved_host_budget())
         self._device = DeviceTier(config.device_budget_bytes, config.device)
         self._host_lru = LRUPolicy()

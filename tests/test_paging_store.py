@@ -119,13 +119,14 @@ def test_stats_exact(tmp_path):
                                   "quarantined": 0}  # p0 came from LMDB once
 
 
-def test_reopen_finds_every_page(tmp_path):
+@pytest.mark.parametrize("readahead", [True, False])
+def test_reopen_finds_every_page(tmp_path, readahead):
     p = make_chain(5)
-    with PageStore(tmp_path / "s", cfg()) as store:
+    with PageStore(tmp_path / "s", cfg(lmdb_readahead=readahead)) as store:
         store.put_many(p)
         store.put_manifest("art", b"chain")
         store.set_meta("fingerprint", FP)
-    with PageStore(tmp_path / "s", cfg()) as store:
+    with PageStore(tmp_path / "s", cfg(lmdb_readahead=not readahead)) as store:
         assert store.stats()["lmdb"]["pages"] == 5 and store.stats()["host"]["pages"] == 0
         assert all(store.get(x.key) == x for x in p)
         assert store.get_manifest("art") == b"chain" and store.list_manifests() == ["art"]

@@ -125,6 +125,11 @@ def test_device_tier_stays_within_budget(tiny_model, tmp_path):
             seen.append(tm.store.stats()["device"]["bytes"])
         assert max(seen) <= budget
         assert seen[-1] == seen[-2]  # flat once full
+        # the working set of every layer is bounded by working_set_pages (union of KV heads' top-k)
+        bound = cfg.working_set_pages(lm.model.config.num_key_value_heads)
+        assert bound == 1 + 2 + 2 * 2
+        sizes = [len(sel) for sel in tm.cache._last_selection.values()]
+        assert len(tm.cache.spans) > bound and max(sizes) <= bound and max(sizes) > cfg.capacity_pages - 1
 
 
 def test_empty_document_and_question(tiny_model, tmp_path):

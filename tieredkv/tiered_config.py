@@ -57,6 +57,11 @@ class TieredConfig:
     def capacity_pages(self) -> int:
         return self.sink_pages + self.topk_pages + self.local_pages
 
+    def working_set_pages(self, num_kv_heads: int) -> int:
+        """The most pages one layer's working set can hold: retrieval takes the union of every KV
+        head's top-k, so a device tier of this many pages (all layers) never evicts mid-forward."""
+        return self.sink_pages + self.local_pages + num_kv_heads * self.topk_pages
+
     def regime(self, page_size: int) -> dict:
         """What decides the K/V bytes of pages sealed under this config."""
         d = asdict(self)
