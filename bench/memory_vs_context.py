@@ -25,9 +25,9 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifact import prefill  # noqa: E402
 from tieredkv.corpus import python_reference  # noqa: E402
-from tieredkv.models import kv_bytes_per_token, load_model  # noqa: E402
+from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel  # noqa: E402
+from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
 
@@ -62,10 +62,7 @@ def decode_ms(step, num_tokens: int) -> tuple[float, list[int]]:
 def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None):
     # NOTE: the device tier is sized to the largest working set (all layers), so it cannot grow
     # with context, and sink and local pages stay resident while retrieved pages change.
-    kv_heads = lm.model.config.get_text_config(decoder=True).num_key_value_heads
-    pages = cfg.working_set_pages(kv_heads)
-    working_set_bytes = pages * (cfg.page_size or lm.default_page_size) * kv_bytes_per_token(lm.model)
-    store = PageStore(store_dir, StoreConfig(device_budget_bytes=int(working_set_bytes),
+    store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg),
                                              host_budget_bytes=host_budget))
     tm = TieredModel(lm, store, cfg)
     rows, pos, t_ingest = [], 0, 0.0

@@ -207,3 +207,21 @@ def test_ingesting_a_document_that_extends_an_earlier_one(tiny_model, tmp_path):
         short = tm.ingest(doc[:300])
         longer = tm.ingest(doc)
     assert longer.page_keys[:9] == short.page_keys[:9]  # the 9 full pages of the short document
+
+
+def test_device_budget_below_one_working_set_warns(tiny_model, tmp_path):
+    import warnings
+
+    from tieredkv.tiered_model import working_set_bytes
+
+    lm = tiny_model("tiny-llama")
+    cfg = TieredConfig(page_size=32, sink_pages=1, local_pages=2, topk_pages=2)
+    need = working_set_bytes(lm, cfg)
+    assert need == (1 + 2 + 2 * 2) * 32 * 256 * 2  # pages x tokens x bytes/token/layer x layers
+    with pytest.warns(ResourceWarning, match="below one working set"):
+        with tiered(lm, tmp_path / "a", cfg, device_budget_bytes=need - 1):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with tiered(lm, tmp_path / "b", cfg, device_budget_bytes=need):
+            pass

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "TieredModel": "tieredkv.tiered_model",
     "TieredConfig": "tieredkv.tiered_config",
+    "working_set_bytes": "tieredkv.tiered_model",
     "deposit": "tieredkv.artifact",
     "graft": "tieredkv.artifact",
     "load_artifact": "tieredkv.artifact",

@@ -67,7 +67,7 @@ def cmd_qa(a) -> int:
     from tieredkv.errors import EmptyInputError
     from tieredkv.models import cache_dir, load_model
     from tieredkv.tiered_config import TieredConfig
-    from tieredkv.tiered_model import TieredModel
+    from tieredkv.tiered_model import TieredModel, working_set_bytes
 
     document = Path(a.doc).read_text(encoding="utf-8") if a.doc else default_document()
     question = a.question if a.question is not None else DEFAULT_QUESTION
@@ -87,7 +87,8 @@ def cmd_qa(a) -> int:
                           topk_pages=a.topk_pages, position=position)
     name = "doc:" + hashlib.sha256(document.encode()).hexdigest()
     t0 = time.perf_counter()
-    with PageStore(store_dir, StoreConfig(lmdb_max_map_size=a.disk_budget)) as store:
+    store_cfg = StoreConfig(lmdb_max_map_size=a.disk_budget, device_budget_bytes=working_set_bytes(lm, config))
+    with PageStore(store_dir, store_cfg) as store:
         tm = TieredModel(lm, store, config)
         art = None if a.reingest else _find_artifact(store, name, tm.domain()["regime"])
         if art is not None:

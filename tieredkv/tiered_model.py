@@ -9,6 +9,7 @@ The model's own `forward()` / `generate()` run unchanged; attention sees a bound
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,15 @@ from tieredkv.schedule import canonical_chunks
 from tieredkv.tiered_cache import TieredCache
 from tieredkv.tiered_config import TieredConfig
 from tieredkv.working_set import Span
+
+
+def working_set_bytes(lm: LoadedModel, config: TieredConfig) -> int:
+    """Device-tier bytes (all layers) of the largest working set `config` can select for `lm`:
+    the budget at which sink and local pages stay resident while retrieved pages change."""
+    c = lm.model.config.get_text_config(decoder=True)
+    kv_heads = getattr(c, "num_key_value_heads", None) or getattr(c, "num_attention_heads", None) or c.n_head
+    page_size = config.page_size or lm.default_page_size
+    return config.working_set_pages(kv_heads) * page_size * kv_bytes_per_token(lm.model)
 
 
 class TieredModel:
@@ -45,6 +55,12 @@ class TieredModel:
         lm.model.set_attn_implementation(attention.name_for(self.base_attn))
         self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
         self.regime_fp = config.regime_fingerprint(lm.fingerprint, self.page_size)
+        need = working_set_bytes(lm, config)
+        if store.config.device_budget_bytes < need:
+            warnings.warn(f"the device tier's budget ({store.config.device_budget_bytes / 2**20:.0f} MiB) is below one "
+                          f"working set ({need / 2**20:.0f} MiB): pages will be copied in again at every step. "
+                          "Size it with StoreConfig(device_budget_bytes=tieredkv.working_set_bytes(lm, config)).",
+                          ResourceWarning, stacklevel=2)
         self.reset()
 
     @classmethod
