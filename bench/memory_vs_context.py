@@ -118,7 +118,9 @@ def plain_rows(lm, ids, contexts, decode_tokens, budget_s, log):
         rows.append(row)
         log(row)
         if t_total * 4.5 > budget_s:  # the next doubling costs about 4x (quadratic attention)
-            log({"system": "hf-dynamiccache", "stopped_after": n, "reason": f"next context exceeds {budget_s}s budget"})
+            rows.append({"system": "hf-dynamiccache", "stopped_after": n,
+                         "reason": f"next context exceeds {budget_s}s budget"})
+            log(rows[-1])
             break
     del cache
     gc.collect()
