@@ -150,17 +150,41 @@ class RedisCluster3:
     """Three redis-server processes in cluster mode, slots split evenly, no replicas."""
 
     def __init__(self, root: str | os.PathLike) -> None:
-        self.nodes = [RedisServer(Path(root) / f"node{i}", port=free_port(cluster=True),
-                                  args=["--cluster-enabled", "yes",
-                                        "--cluster-config-file", "nodes.conf",
-                                        "--cluster-node-timeout", "2000"])
-                      for i in range(3)]
+        self.root = Path(root)
+        self.attempt = 0
+        self.nodes = self._make_nodes()
+
+    def _make_nodes(self) -> list[RedisServer]:
+        # NOTE: ports are picked before any node binds: keep the three nodes' ports and bus
+        # ports (port + 10000) pairwise distinct, or two nodes race for one port.
+        ports: list[int] = []
+        while len(ports) < 3:
+            p = free_port(cluster=True)
+            if not {p, p + 10000} & {q for x in ports for q in (x, x + 10000)}:
+                ports.append(p)
+        return [RedisServer(self.root / f"try{self.attempt}" / f"node{i}", port=port,
+                            args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                  "--cluster-node-timeout", "2000"])
+                for i, port in enumerate(ports)]
 
     @property
     def url(self) -> str:
         return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
 
-    def start(self, timeout: float = 30.0) -> "RedisCluster3":
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> "RedisCluster3":
+        """Start and join the nodes; on a failed start (a port taken between picking and binding,
+        no convergence) retry with fresh ports and directories."""
+        for self.attempt in range(attempts):
+            if self.attempt:
+                self.nodes = self._make_nodes()
+            try:
+                return self._start_once(timeout)
+            except Exception:  # noqa: BLE001 - any failed start is retried, the last one raised
+                if self.attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> "RedisCluster3":
         import redis
 
         clients = [redis.Redis(port=n.port, socket_timeout=5) for n in self.nodes]
