@@ -18,6 +18,7 @@ of its top-k with the oracle's top-k. The oracle says whether the model itself l
 from __future__ import annotations
 
 import argparse
+import bisect
 import sys
 import tempfile
 from pathlib import Path
@@ -42,21 +43,22 @@ TOPICS = ("assert", "break", "continue", "del", "global", "import", "nonlocal", 
 SCORERS = ("oracle", "minmax", "minmax-max", "mean", "repr")
 
 
-def section_pages(lm, document: str, doc_ids: list[int], topic: str, page_size: int) -> list[int]:
-    """Pages whose tokens overlap the section of `topic` (found through the tokenizer's offsets)."""
+def token_starts(lm, document: str) -> list[int]:
+    """Character offset at which each of `document`'s tokens starts (the byte tokenizer: each byte)."""
     tok = getattr(lm.codec, "tokenizer", None)
+    if tok is None:  # one token per UTF-8 byte
+        return [i for i, ch in enumerate(document) for _ in ch.encode()]
+    return [s for s, _ in tok(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+
+
+def section_pages(document: str, starts: list[int], prefix: int, topic: str, page_size: int) -> list[int]:
+    """Pages whose tokens overlap the section of `topic`; `prefix` tokens precede the document."""
     head = f"## The {topic} statement"
     a = document.index(head)
     nxt = document.find("\n\n## The ", a + len(head))
     b = len(document) if nxt < 0 else nxt
-    prefix = len(doc_ids) - len(lm.codec.encode(document)) if tok is not None else 0
-    if tok is None:  # byte tokenizer: one token per byte
-        ta, tb = len(document[:a].encode()), len(document[:b].encode())
-    else:
-        offsets = tok(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        ta = next(i for i, (s, e) in enumerate(offsets) if e > a)
-        tb = next((i for i, (s, e) in enumerate(offsets) if s >= b), len(offsets))
-    ta, tb = ta + prefix, tb + prefix
+    ta = prefix + bisect.bisect_right(starts, a) - 1  # the token holding character a
+    tb = prefix + bisect.bisect_left(starts, b)  # the first token at or after b
     return list(range(ta // page_size, (tb - 1) // page_size + 1))
 
 
@@ -76,18 +78,18 @@ def ranked(scores: np.ndarray, eligible: list[int], k: int) -> list[set[int]]:
     return [set(el[np.argsort(-s[el], kind="stable")[:k]].tolist()) for s in scores]
 
 
-def layer_scores(method: str, layer: int, q: np.ndarray, page_keys: list[np.ndarray], spans,
+def layer_scores(method: str, layer: int, q: np.ndarray, keys: tuple[np.ndarray, np.ndarray, np.ndarray], spans,
                  index_by_method) -> np.ndarray:
-    """[H, N] scores of every page for the queries q [H, Q, D] at `layer`."""
+    """[H, N] scores of every page for the queries q [H, Q, D] at `layer`; keys: (all keys [H, T, D],
+    upper and lower bounds [H, N, D]) of the layer."""
+    every, upper, lower = keys
     if method == "oracle":
-        return oracle_mass(q, np.concatenate(page_keys, axis=1), spans)
+        return oracle_mass(q, every, spans)
     if method == "minmax-max":
-        upper = np.stack([k.max(axis=1) for k in page_keys], axis=1)  # [H, N, D]
-        lower = np.stack([k.min(axis=1) for k in page_keys], axis=1)
         return np.stack([np.max([quest_bound(q[h, i:i + 1], upper[h], lower[h]) for i in range(q.shape[1])], axis=0)
                          for h in range(q.shape[0])])
-    ids, sc = index_by_method[method].search(layer, q, len(page_keys))  # all pages, best first per head
-    out = np.full((q.shape[0], len(page_keys)), -np.inf)
+    ids, sc = index_by_method[method].search(layer, q, len(spans))  # all pages, best first per head
+    out = np.full((q.shape[0], len(spans)), -np.inf)
     for h in range(q.shape[0]):
         keep = ids[h] >= 0
         out[h, ids[h][keep]] = sc[h][keep]
@@ -124,6 +126,9 @@ def main(argv=None) -> int:
         n = len(pages)
         eligible = [i for i in range(n) if i >= cfg.sink_pages and i < n - cfg.local_pages]
         keys = [[p.layer_kv(l)[0].float().numpy() for p in pages] for l in range(layout.num_layers)]
+        layer_keys = [(np.concatenate(ks, axis=1), np.stack([k.max(axis=1) for k in ks], axis=1),
+                       np.stack([k.min(axis=1) for k in ks], axis=1)) for ks in keys]  # once per layer
+        starts, prefix = token_starts(lm, document), len(doc_ids) - len(lm.codec.encode(document))
         indexes = {}
         for method in ("minmax", "mean", "repr"):
             index = PageIndex(layout.num_layers, layout.num_kv_heads, layout.head_dim, method=method)
@@ -131,11 +136,11 @@ def main(argv=None) -> int:
                 index.add(i, np.stack([summarize(keys[l][i], method) for l in range(layout.num_layers)]))
             indexes[method] = index
         for topic in a.topics.split(","):
-            target = [t for t in section_pages(lm, document, doc_ids, topic, tm.page_size) if t in eligible]
+            target = [t for t in section_pages(document, starts, prefix, topic, tm.page_size) if t in eligible]
             if not target:
                 print(f"# {topic}: its section lies in the sink or local pages; skipped", file=sys.stderr)
                 continue
-            _, q_ids = _prompt_parts(lm, document, f"What does the {topic} statement do?")
+            _, q_ids = _prompt_parts(lm, "", f"What does the {topic} statement do?")  # the question part only
             tm.graft(art)
             queries = capture_queries(tm, q_ids)
             hits = {m: [] for m in SCORERS}
@@ -144,7 +149,7 @@ def main(argv=None) -> int:
                 q = queries[layer]
                 tops = {}
                 for m in SCORERS:
-                    tops[m] = ranked(layer_scores(m, layer, q, keys[layer], spans, indexes), eligible, a.k)
+                    tops[m] = ranked(layer_scores(m, layer, q, layer_keys[layer], spans, indexes), eligible, a.k)
                 for m in SCORERS:
                     union = set().union(*tops[m])
                     hits[m].append(bool(union & set(target)))

@@ -23,6 +23,18 @@ def _prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int
     return codec.encode("Document:\n" + document), codec.encode(f"\nQ: {question}\nA:")
 
 
+def _can_move_keys(model) -> bool:
+    """Whether the fixed-distance policy can re-rotate this model's keys (no: learned positions)."""
+    from tieredkv.errors import UnsupportedModelError
+    from tieredkv.rotary import rotary_module
+
+    try:
+        rotary_module(model)
+        return True
+    except UnsupportedModelError:
+        return False
+
+
 def _find_artifact(store, name: str, regime: dict):
     from tieredkv.artifact import Artifact
 
@@ -82,7 +94,7 @@ def cmd_qa(a) -> int:
     if position == "auto":  # own positions inside the model's window (exact), fixed distance beyond it
         window = getattr(lm.model.config, "max_position_embeddings", None)
         fits = window is None or len(doc_ids) + len(q_ids) + a.max_new_tokens <= window
-        position = "own" if fits or lm.model.config.model_type == "gpt2" else "fixed"
+        position = "own" if fits or not _can_move_keys(lm.model) else "fixed"
     config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
                           topk_pages=a.topk_pages, position=position)
     name = "doc:" + hashlib.sha256(document.encode()).hexdigest()

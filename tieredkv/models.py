@@ -196,11 +196,16 @@ def _cached_fingerprint(name: str, model, codec: TextCodec) -> str:
     return fp
 
 
+def num_kv_heads(model) -> int:
+    """KV heads per layer (query heads when the model has no GQA)."""
+    c = model.config.get_text_config(decoder=True)
+    return getattr(c, "num_key_value_heads", None) or getattr(c, "num_attention_heads", None) or c.n_head
+
+
 def kv_bytes_per_token(model) -> int:
     """K and V bytes one token takes across all layers (before any forward has run)."""
     c = model.config.get_text_config(decoder=True)
     layers = getattr(c, "num_hidden_layers", None) or c.n_layer
     heads = getattr(c, "num_attention_heads", None) or c.n_head
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    return 2 * layers * kv_heads * head_dim * model.dtype.itemsize
+    return 2 * layers * num_kv_heads(model) * head_dim * model.dtype.itemsize

@@ -21,7 +21,7 @@ from tieredkv import attention
 from tieredkv.artifact import Artifact, artifact_id, bind_store, load_artifact
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
-from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model
+from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads
 from tieredkv.schedule import canonical_chunks
 from tieredkv.tiered_cache import TieredCache
 from tieredkv.tiered_config import TieredConfig
@@ -31,10 +31,8 @@ from tieredkv.working_set import Span
 def working_set_bytes(lm: LoadedModel, config: TieredConfig) -> int:
     """Device-tier bytes (all layers) of the largest working set `config` can select for `lm`:
     the budget at which sink and local pages stay resident while retrieved pages change."""
-    c = lm.model.config.get_text_config(decoder=True)
-    kv_heads = getattr(c, "num_key_value_heads", None) or getattr(c, "num_attention_heads", None) or c.n_head
     page_size = config.page_size or lm.default_page_size
-    return config.working_set_pages(kv_heads) * page_size * kv_bytes_per_token(lm.model)
+    return config.working_set_pages(num_kv_heads(lm.model)) * page_size * kv_bytes_per_token(lm.model)
 
 
 class TieredModel:
