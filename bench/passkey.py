@@ -2,9 +2,12 @@
 
 Systems, in one run: `plain` (the HF model with its own DynamicCache: full attention, any length),
 `tiered-own` (TieredModel, keys at their own positions) and `tiered-fixed` (TieredModel,
-retrieved pages re-rotated to sit before the local window, InfLLM-style).
+retrieved pages re-rotated to sit before the local window, InfLLM-style). Each tiered system runs
+its policy's defaults (top-16 per KV head under own, top-8 and the attended scoring frame under
+fixed) unless --topk-pages / --score-frame say otherwise.
 
     python bench/passkey.py --contexts 4096,8192,16384 --json
+    python bench/passkey.py --tasks passkey --contexts 131072 --depths 0.5 --systems tiered-fixed
 """
 from __future__ import annotations
 
@@ -27,6 +30,10 @@ from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed")
+# Diagnostic systems (not in the default run): "tiered-fixed-oracle" / "tiered-own-oracle" add the
+# answering needle's pages to every layer's retrieval while the question and answer run. Where the
+# oracle answers and the same system without it does not, retrieval is what failed; where neither
+# does, it is the model (or the position policy) that does not use the needle it is shown.
 
 
 @torch.inference_mode()
@@ -41,20 +48,38 @@ def run_plain(lm, task, max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict) -> tuple[list[int], float | None]:
-    """Output ids, and the fraction of the question's and answer's retrievals (per layer and
-    forward) that brought in a page of the answering needle (None: nothing needed retrieving)."""
+def force_pages(cache, pages: set[int]) -> None:
+    """Oracle retrieval: every full-attention layer's working set also holds `pages` (once retrieval is
+    active). The retrieval log still records what the index itself found."""
+    select = cache._select
+
+    def with_pages(layer_idx, query):
+        ids = select(layer_idx, query)
+        return ids if len(cache.spans) <= cache.config.capacity_pages else sorted(set(ids) | pages)
+
+    cache._select = with_pages
+
+
+def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
+               oracle: bool = False) -> tuple[list[int], dict]:
+    """Output ids, and for the row: the fraction of the question's and answer's retrievals (per
+    layer and forward) that brought in a page of the answering needle, the mean number of pages
+    they retrieved (the union over KV heads; both None when nothing needed retrieving), and the
+    top-k per head that the policy ran with."""
     with tempfile.TemporaryDirectory(prefix="tkv-passkey-") as d, PageStore(d, StoreConfig()) as store:
         tm = TieredModel(lm, store, TieredConfig(position=position, **cfg_kw))
         try:
             tm.prefill(task.doc_ids)
             tm.cache.retrieval_log.clear()
-            out = tm.generate(task.question_ids, max_new_tokens=max_new)
             s, e = task.needle_span
             needle_pages = set(range(s // tm.page_size, (e - 1) // tm.page_size + 1))
+            if oracle:
+                force_pages(tm.cache, needle_pages)
+            out = tm.generate(task.question_ids, max_new_tokens=max_new)
             log = list(tm.cache.retrieval_log)
             hit = sum(bool(needle_pages & set(sel)) for sel in log) / len(log) if log else None
-            return out, hit
+            size = sum(len(sel) for sel in log) / len(log) if log else None
+            return out, {"needle_retrieved": hit, "retrieved_pages_mean": size, "topk_pages": tm.config.topk_pages}
         finally:
             tm.close()
 
@@ -81,48 +106,53 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--depths", default="0.2,0.5,0.8")
     ap.add_argument("--seeds", type=int, default=1, help="samples per (task, context, depth)")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds run: first-seed .. first-seed + seeds - 1")
     ap.add_argument("--max-new-tokens", type=int, default=10)
     ap.add_argument("--local-pages", type=int, default=16)
-    ap.add_argument("--topk-pages", type=int, default=16)
+    ap.add_argument("--topk-pages", type=int, help="per KV head (default: TieredConfig's for each policy)")
     ap.add_argument("--summary", default="minmax")
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
     ap.add_argument("--plain-max", type=int,
                     help="run the plain model only up to this context (its attention is quadratic)")
     ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
+    ap.add_argument("--score-frame", default="attended", choices=("attended", "own"),
+                    help="TieredConfig.score_frame: where the fixed policy scores a page at retrieval")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages)
+    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
+                  score_frame=a.score_frame)
     rows, table = [], []
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:
         plan = [(t, n) for t, n in plan if t != "multikey" or n <= a.multikey_max]
     for task_name, n in plan:
         for depth in [float(x) for x in a.depths.split(",")]:
-            for seed in range(a.seeds):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
                 task = TASKS[task_name](lm.codec, n, depth, seed)
                 for system in a.systems.split(","):
                     if system == "plain" and a.plain_max and n > a.plain_max:
                         continue
                     t0 = time.perf_counter()
                     if system == "plain":
-                        out, needle_hit = run_plain(lm, task, a.max_new_tokens), None
+                        out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
                     else:
-                        out, needle_hit = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw)
+                        out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
+                                                oracle=system.endswith("-oracle"))
                     text = lm.codec.decode(out)
                     row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
                            "depth": depth, "seed": seed, "system": system, "answer": task.answer,
-                           "output": text, "correct": task.answer in text, "needle_retrieved": needle_hit,
+                           "output": text, "correct": task.answer in text, **extra,
                            "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
                            "output_ids_sha256": sha256_ids(out), "seconds": round(time.perf_counter() - t0, 2)}
                     rows.append(row)
                     table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
                     print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
-                          f"{'OK ' if row['correct'] else 'BAD'} {text!r} needle_retrieved={needle_hit} "
+                          f"{'OK ' if row['correct'] else 'BAD'} {text!r} needle_retrieved={extra['needle_retrieved']} "
                           f"({row['seconds']}s)", file=sys.stderr)
     if a.json:
         print(Path(a.out).read_text())

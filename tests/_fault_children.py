@@ -315,10 +315,10 @@ def lmdb_flip_outcome(pristine: Path, work: Path, key: str, bit: int) -> dict[st
 INDEX_DAMAGES = ("deleted", "sidecar deleted", "bytes flipped", "truncated", "other artifact's index")
 
 
-def tiered_config():
+def tiered_config(position: str = "own"):
     from tieredkv.tiered_config import TieredConfig
 
-    return TieredConfig(page_size=PAGE_SIZE, local_pages=2, topk_pages=2, sink_pages=1)
+    return TieredConfig(page_size=PAGE_SIZE, local_pages=2, topk_pages=2, sink_pages=1, position=position)
 
 
 def search_results(index, seed: int = 0, num_queries: int = 4) -> list[tuple[bytes, bytes]]:
@@ -334,19 +334,21 @@ def search_results(index, seed: int = 0, num_queries: int = 4) -> list[tuple[byt
     return out
 
 
-def index_from_store(store, art, config) -> Any:
+def index_from_store(store, art, config, model) -> Any:
     """The reference: a PageIndex built here from the stored pages' summaries."""
     import numpy as np
 
     from index import PageIndex, summarize
     from paging import PageLayout
+    from tieredkv.tiered_cache import summary_keys
 
     layout = PageLayout.from_dict(art.layout)
     index = PageIndex(layout.num_layers, layout.num_kv_heads, layout.head_dim, config.summary, config.num_repr)
     for i, key in enumerate(art.page_keys):
         page = store.get(key)
-        index.add(i, np.stack([summarize(page.layer_kv(layer)[0].float().numpy(), config.summary, config.num_repr)
-                               for layer in range(layout.num_layers)]))
+        keys = [summary_keys(model, config, page.layer_kv(layer)[0], i * art.page_size, layer)
+                for layer in range(layout.num_layers)]
+        index.add(i, np.stack([summarize(k.float().numpy(), config.summary, config.num_repr) for k in keys]))
     return index
 
 
@@ -372,7 +374,8 @@ def damage_index(path: Path, how: str, other: Path | None = None) -> None:
         raise ValueError(how)
 
 
-def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=INDEX_DAMAGES) -> dict[str, Any]:
+def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=INDEX_DAMAGES,
+                    position: str = "own") -> dict[str, Any]:
     """Ingest with TieredModel, then damage the saved faiss index each way and graft again.
 
     For each damage: the graft must rebuild the index from the store (the saved files come back
@@ -385,7 +388,7 @@ def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=IN
 
     cont = lm.codec.encode(" What follows?")
     with PageStore(store_path, store_config()) as store:
-        tm = TieredModel(lm, store, tiered_config())
+        tm = TieredModel(lm, store, tiered_config(position))
         try:
             art = tm.ingest(text)
             other = tm.ingest(other_text)
@@ -398,7 +401,7 @@ def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=IN
             want_search, want_logits = graft_and_probe()
             sidecar = path.with_name(path.name + ".json")
             pristine = (path.read_bytes(), sidecar.read_bytes())
-            reference = search_results(index_from_store(store, art, tm.config))
+            reference = search_results(index_from_store(store, art, tm.config, tm.model))
             rows = []
             for how in damages:
                 damage_index(path, how, other_path)

@@ -26,6 +26,14 @@ def test_damaged_index_is_rebuilt_with_the_same_results(lm, tmp_path):
     assert all(row["rebuilt"] and row["same_search"] and row["same_logits"] for row in r["rows"]), r
 
 
+def test_fixed_policy_index_is_rebuilt_in_its_scoring_frame(lm, tmp_path):
+    """Under the fixed policy pages are summarised over page-relative keys: a rebuilt index must
+    be built in that frame too, or retrieval (and the logits) would change after a graft."""
+    r = index_fault_run(lm, tmp_path / "s", corpus_text(12 * PAGE_SIZE, seed=34), corpus_text(9 * PAGE_SIZE, seed=35),
+                        damages=("deleted",), position="fixed")
+    assert all(row["rebuilt"] and row["same_search"] and row["same_logits"] for row in r["rows"]), r
+
+
 def test_a_tiered_context_moves_between_stores_and_its_index_is_rebuilt(lm, tmp_path):
     """TieredModel contexts key pages by a regime fingerprint; export/import checks that chain too."""
     text = corpus_text(10 * PAGE_SIZE + 5, seed=33)

@@ -225,3 +225,52 @@ def test_device_budget_below_one_working_set_warns(tiny_model, tmp_path):
         warnings.simplefilter("error", ResourceWarning)
         with tiered(lm, tmp_path / "b", cfg, device_budget_bytes=need):
             pass
+
+
+def test_fixed_policy_scores_pages_where_they_are_attended(tiny_model, tmp_path):
+    """score_frame="attended": a page's summary is taken over its keys moved to page-relative
+    positions, not over the keys at their own (far beyond the window) positions."""
+    import numpy as np
+
+    from tieredkv.rotary import rerotate
+
+    lm = tiny_model("tiny-llama")
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
+    with tiered(lm, tmp_path, cfg) as tm:
+        tm.prefill(_ids(400, 8))
+        tm.cache.flush()
+        page_id, layer = 7, 1
+        start = tm.cache.spans[page_id].start
+        keys = tm.store.get(tm.cache.page_keys[page_id]).layer_kv(layer)[0]
+        ids, upper, lower = tm.cache.index._layer_bounds(layer)
+        row = int(np.flatnonzero(ids == page_id)[0])
+        moved = rerotate(lm.model, keys, -start, layer).float()
+        assert np.array_equal(upper[:, row], moved.amax(1).numpy().astype(np.float64))
+        assert np.array_equal(lower[:, row], moved.amin(1).numpy().astype(np.float64))
+        assert not np.array_equal(upper[:, row], keys.float().amax(1).numpy().astype(np.float64))
+
+
+def test_score_frame_is_part_of_the_fixed_regime_only():
+    from types import SimpleNamespace
+
+    from tieredkv.artifact import chain_fingerprint
+
+    assert "score_frame" not in TieredConfig().regime(32)  # own positions: no effect, not recorded
+    attended, own = TieredConfig(position="fixed"), TieredConfig(position="fixed", score_frame="own")
+    assert attended.regime(32)["score_frame"] == "attended"
+    assert attended.regime_fingerprint("m", 32) != own.regime_fingerprint("m", 32)
+    # a fixed-policy context recorded before score_frame existed was scored at own positions
+    legacy = SimpleNamespace(domain={"regime": own.regime(32)}, fingerprint="m", page_size=32)
+    assert "score_frame" not in legacy.domain["regime"]
+    assert chain_fingerprint(legacy) == own.regime_fingerprint("m", 32)
+    with pytest.raises(ValueError, match="score_frame"):
+        TieredConfig(score_frame="nearest")
+
+
+def test_topk_default_follows_the_position_policy():
+    """Beyond the window (fixed) fewer retrieved pages answered the passkey; inside it (own) more
+    pages is closer to exact. An explicit top-k is kept, and a recorded regime rebuilds the same config."""
+    assert TieredConfig().topk_pages == 16 and TieredConfig(position="fixed").topk_pages == 8
+    assert TieredConfig(position="fixed", topk_pages=16).topk_pages == 16
+    for cfg in (TieredConfig(), TieredConfig(position="fixed")):
+        assert TieredConfig(**cfg.regime(32)).regime_fingerprint("m", 32) == cfg.regime_fingerprint("m", 32)

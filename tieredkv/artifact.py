@@ -118,7 +118,8 @@ def chain_fingerprint(art: Artifact) -> str:
         return art.fingerprint
     from tieredkv.tiered_config import TieredConfig
 
-    return TieredConfig(**regime).regime_fingerprint(art.fingerprint, art.page_size)
+    # a regime without score_frame scored pages at their own positions (see TieredConfig.regime)
+    return TieredConfig(**{"score_frame": "own", **regime}).regime_fingerprint(art.fingerprint, art.page_size)
 
 
 @torch.inference_mode()

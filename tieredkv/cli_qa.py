@@ -164,7 +164,7 @@ def register(sub) -> None:
     p.add_argument("--page-size", type=int)
     p.add_argument("--sink-pages", type=int, default=1)
     p.add_argument("--local-pages", type=int, default=16)
-    p.add_argument("--topk-pages", type=int, default=16)
+    p.add_argument("--topk-pages", type=int, help="per KV head (default: 16 under --position own, 8 under fixed)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
     p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")

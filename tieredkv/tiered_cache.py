@@ -24,6 +24,16 @@ from tieredkv.tiered_config import TieredConfig
 from tieredkv.working_set import Span, build_mask, fixed_positions, retrieval_excluded, select_pages, sliding_spans
 
 
+def summary_keys(model, config: TieredConfig, keys: torch.Tensor, start: int, layer_idx: int) -> torch.Tensor:
+    """The keys [Hkv, T, D] a page starting at `start` is summarised over: as stored (own positions),
+    or moved to page-relative positions [0, T) when the config scores pages where they are attended."""
+    if not config.relative_scoring:
+        return keys
+    from tieredkv.rotary import rerotate
+
+    return rerotate(model, keys, -start, layer_idx)
+
+
 class TieredLayer(CacheLayerMixin):
     """One layer: the unsealed tail lives here; sealed pages live in the store."""
 
@@ -144,8 +154,9 @@ class TieredCache(Cache):
         self.spans.append(Span(page_id, start, end))
         self.page_keys.append(page.key)
         self._unwritten.append(page)
-        summaries = np.stack([summarize(k.float().cpu().numpy(), self.config.summary, self.config.num_repr)
-                              for k, _ in kv])  # [L, Hkv, R, D]
+        summaries = np.stack([summarize(summary_keys(self.model, self.config, k, start, i).float().cpu().numpy(),
+                                        self.config.summary, self.config.num_repr)
+                              for i, (k, _) in enumerate(kv)])  # [L, Hkv, R, D]
         self.index.add(page_id, summaries)
         if len(self._unwritten) >= self.config.write_batch:
             self._write()
@@ -235,6 +246,13 @@ class TieredCache(Cache):
         if n <= c.capacity_pages:
             return list(range(n))
         hq, hkv = query.shape[1], self.layout.num_kv_heads
+        if c.relative_scoring:
+            # Summaries hold page-relative keys; move the queries so that a page at relative 0 sits
+            # where the nearest far page is attended: right before the local window.
+            from tieredkv.rotary import rerotate
+
+            local_start = self.spans[n - c.local_pages].start
+            query = rerotate(self.model, query, self.page_size - local_start, layer_idx)
         # queries grouped by the KV head they read (GQA: query head j reads KV head j // (Hq/Hkv))
         grouped = query[0].reshape(hkv, hq // hkv, query.shape[2], -1).reshape(hkv, -1, query.shape[-1])
         exclude = retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)

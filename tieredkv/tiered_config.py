@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass
 
 POSITION_POLICIES = ("own", "fixed")
+SCORE_FRAMES = ("attended", "own")
+TOPK_DEFAULTS = {"own": 16, "fixed": 8}
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,13 @@ class TieredConfig:
     position: "own" keeps every key at its absolute position (exact; the default inside the
     model's window). "fixed" re-rotates sink and retrieved pages so they sit right before the
     local window (InfLLM-style; approximate; meant for contexts beyond the window).
+
+    score_frame (only with position="fixed"): where retrieval places a page when it scores it
+    against the queries. "attended" (the default) scores it at the distance attention will give it,
+    right before the local window, as InfLLM does: page summaries are taken over keys moved to
+    page-relative positions, and queries are moved to match. "own" scores it at its own distance,
+    which beyond the window is a distance the model never saw in training (the earlier behaviour,
+    kept to measure the difference: bench/passkey.py --score-frame).
     """
 
     page_size: int | None = None  # None: the model's default (128 for smollm2)
@@ -31,15 +40,24 @@ class TieredConfig:
     chunk_pages: int = 1
     sink_pages: int = 1
     local_pages: int = 16
-    topk_pages: int = 16
+    # Per KV head; the working set takes the union over heads. None: the policy's default,
+    # TOPK_DEFAULTS. Under "own" more pages is closer to exact; under "fixed" (beyond the window)
+    # more retrieved filler drowns the answer: for smollm2 at 16K top-8 answered passkeys that
+    # top-15 and top-16 did not (bench/results/passkey-16k-diagnosis).
+    topk_pages: int | None = None
     summary: str = "minmax"
     num_repr: int = 4
     position: str = "own"
+    score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
 
     def __post_init__(self):
         from index import SUMMARY_METHODS
 
+        if self.position not in POSITION_POLICIES:
+            raise ValueError(f"position must be one of {POSITION_POLICIES}, got {self.position!r}")
+        if self.topk_pages is None:
+            object.__setattr__(self, "topk_pages", TOPK_DEFAULTS[self.position])  # frozen: resolve once
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_pages < 1:
@@ -48,14 +66,19 @@ class TieredConfig:
             raise ValueError("sink_pages >= 0, local_pages >= 1 and topk_pages >= 0 are required")
         if self.summary not in SUMMARY_METHODS:
             raise ValueError(f"summary must be one of {SUMMARY_METHODS}, got {self.summary!r}")
-        if self.position not in POSITION_POLICIES:
-            raise ValueError(f"position must be one of {POSITION_POLICIES}, got {self.position!r}")
+        if self.score_frame not in SCORE_FRAMES:
+            raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.write_batch < 1:
             raise ValueError("write_batch must be >= 1")
 
     @property
     def capacity_pages(self) -> int:
         return self.sink_pages + self.topk_pages + self.local_pages
+
+    @property
+    def relative_scoring(self) -> bool:
+        """Summaries over page-relative keys and moved queries (fixed policy, attended frame)."""
+        return self.position == "fixed" and self.score_frame == "attended"
 
     def working_set_pages(self, num_kv_heads: int) -> int:
         """The most pages one layer's working set can hold: retrieval takes the union of every KV
@@ -66,6 +89,9 @@ class TieredConfig:
         """What decides the K/V bytes of pages sealed under this config."""
         d = asdict(self)
         d.pop("write_batch")
+        if self.position != "fixed" or self.score_frame == "own":
+            # no effect under "own"; "own" is what fixed-policy regimes recorded before the field existed
+            d.pop("score_frame")
         d["page_size"] = page_size
         return d
 

@@ -23,7 +23,7 @@ from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads
 from tieredkv.schedule import canonical_chunks
-from tieredkv.tiered_cache import TieredCache
+from tieredkv.tiered_cache import TieredCache, summary_keys
 from tieredkv.tiered_config import TieredConfig
 from tieredkv.working_set import Span
 
@@ -210,8 +210,9 @@ class TieredModel:
         index = PageIndex(**geometry)
         for i, key in enumerate(art.page_keys):
             page = self.store.get(key)  # verified
-            sums = [summarize(page.layer_kv(l)[0].float().numpy(), self.config.summary, self.config.num_repr)
+            keys = [summary_keys(self.model, self.config, page.layer_kv(l)[0], i * art.page_size, l)
                     for l in range(layout.num_layers)]
+            sums = [summarize(k.float().numpy(), self.config.summary, self.config.num_repr) for k in keys]
             import numpy as np
 
             index.add(i, np.stack(sums))
