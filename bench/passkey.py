@@ -26,7 +26,7 @@ from longctx_tasks import TASKS  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifact import prefill  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed")
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--plain-max", type=int,
                     help="run the plain model only up to this context (its attention is quadratic)")
     ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
-    ap.add_argument("--score-frame", default="attended", choices=("attended", "own"),
+    ap.add_argument("--score-frame", default="attended", choices=SCORE_FRAMES,
                     help="TieredConfig.score_frame: where the fixed policy scores a page at retrieval")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
