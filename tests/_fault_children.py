@@ -336,19 +336,16 @@ def search_results(index, seed: int = 0, num_queries: int = 4) -> list[tuple[byt
 
 def index_from_store(store, art, config, model) -> Any:
     """The reference: a PageIndex built here from the stored pages' summaries."""
-    import numpy as np
-
-    from index import PageIndex, summarize
+    from index import PageIndex
     from paging import PageLayout
-    from tieredkv.tiered_cache import summary_keys
+    from tieredkv.tiered_cache import page_summaries
 
     layout = PageLayout.from_dict(art.layout)
     index = PageIndex(layout.num_layers, layout.num_kv_heads, layout.head_dim, config.summary, config.num_repr)
     for i, key in enumerate(art.page_keys):
         page = store.get(key)
-        keys = [summary_keys(model, config, page.layer_kv(layer)[0], i * art.page_size, layer)
-                for layer in range(layout.num_layers)]
-        index.add(i, np.stack([summarize(k.float().numpy(), config.summary, config.num_repr) for k in keys]))
+        index.add(i, page_summaries(model, config, [page.layer_kv(layer)[0] for layer in range(layout.num_layers)],
+                                    i * art.page_size))
     return index
 
 

@@ -11,7 +11,7 @@ never the working-set size.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -24,14 +24,16 @@ from tieredkv.tiered_config import TieredConfig
 from tieredkv.working_set import Span, build_mask, fixed_positions, retrieval_excluded, select_pages, sliding_spans
 
 
-def summary_keys(model, config: TieredConfig, keys: torch.Tensor, start: int, layer_idx: int) -> torch.Tensor:
-    """The keys [Hkv, T, D] a page starting at `start` is summarised over: as stored (own positions),
-    or moved to page-relative positions [0, T) when the config scores pages where they are attended."""
-    if not config.relative_scoring:
-        return keys
-    from tieredkv.rotary import rerotate
+def page_summaries(model, config: TieredConfig, layer_keys: Sequence[torch.Tensor], start: int) -> np.ndarray:
+    """Index summaries [L, Hkv, R, D] of a page starting at `start`, from its keys per layer
+    ([Hkv, T, D] each). Keys are summarised as stored (own positions), or moved to page-relative
+    positions [0, T) when the config scores pages where they are attended. Sealing and the index
+    rebuild both call this, so a rebuilt index is the one sealing built."""
+    if config.relative_scoring:
+        from tieredkv.rotary import rerotate
 
-    return rerotate(model, keys, -start, layer_idx)
+        layer_keys = [rerotate(model, k, -start, i) for i, k in enumerate(layer_keys)]
+    return np.stack([summarize(k.float().cpu().numpy(), config.summary, config.num_repr) for k in layer_keys])
 
 
 class TieredLayer(CacheLayerMixin):
@@ -154,10 +156,7 @@ class TieredCache(Cache):
         self.spans.append(Span(page_id, start, end))
         self.page_keys.append(page.key)
         self._unwritten.append(page)
-        summaries = np.stack([summarize(summary_keys(self.model, self.config, k, start, i).float().cpu().numpy(),
-                                        self.config.summary, self.config.num_repr)
-                              for i, (k, _) in enumerate(kv)])  # [L, Hkv, R, D]
-        self.index.add(page_id, summaries)
+        self.index.add(page_id, page_summaries(self.model, self.config, [k for k, _ in kv], start))
         if len(self._unwritten) >= self.config.write_batch:
             self._write()
 
@@ -251,8 +250,7 @@ class TieredCache(Cache):
             # where the nearest far page is attended: right before the local window.
             from tieredkv.rotary import rerotate
 
-            local_start = self.spans[n - c.local_pages].start
-            query = rerotate(self.model, query, self.page_size - local_start, layer_idx)
+            query = rerotate(self.model, query, self.page_size - self.spans[self._local_first()].start, layer_idx)
         # queries grouped by the KV head they read (GQA: query head j reads KV head j // (Hq/Hkv))
         grouped = query[0].reshape(hkv, hq // hkv, query.shape[2], -1).reshape(hkv, -1, query.shape[-1])
         exclude = retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)
@@ -264,6 +262,10 @@ class TieredCache(Cache):
         c, n = self.config, len(self.spans)
         if n <= c.capacity_pages:
             return {}
-        local_first = max(0, n - c.local_pages)
+        local_first = self._local_first()
         far = [i for i in ids if i < local_first]
         return fixed_positions(self.spans, far, self.spans[local_first].start)
+
+    def _local_first(self) -> int:
+        """The first page of the local window."""
+        return max(0, len(self.spans) - self.config.local_pages)

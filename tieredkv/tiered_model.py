@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from index import IndexStaleError, PageIndex, summarize
+from index import IndexStaleError, PageIndex
 from paging import PageLayout, PageStore
 from tieredkv import attention
 from tieredkv.artifact import Artifact, artifact_id, bind_store, load_artifact
@@ -23,7 +23,7 @@ from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads
 from tieredkv.schedule import canonical_chunks
-from tieredkv.tiered_cache import TieredCache, summary_keys
+from tieredkv.tiered_cache import TieredCache, page_summaries
 from tieredkv.tiered_config import TieredConfig
 from tieredkv.working_set import Span
 
@@ -210,12 +210,8 @@ class TieredModel:
         index = PageIndex(**geometry)
         for i, key in enumerate(art.page_keys):
             page = self.store.get(key)  # verified
-            keys = [summary_keys(self.model, self.config, page.layer_kv(l)[0], i * art.page_size, l)
-                    for l in range(layout.num_layers)]
-            sums = [summarize(k.float().numpy(), self.config.summary, self.config.num_repr) for k in keys]
-            import numpy as np
-
-            index.add(i, np.stack(sums))
+            keys = [page.layer_kv(l)[0] for l in range(layout.num_layers)]
+            index.add(i, page_summaries(self.model, self.config, keys, i * art.page_size))
             if progress is not None:
                 progress(i + 1, len(art.page_keys))
         index.save(path)
