@@ -61,15 +61,19 @@ def force_pages(cache, pages: set[int]) -> None:
 
 
 def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
-               oracle: bool = False) -> tuple[list[int], dict]:
+               oracle: bool = False, ask_after: str = "ingest") -> tuple[list[int], dict]:
     """Output ids, and for the row: the fraction of the question's and answer's retrievals (per
     layer and forward) that brought in a page of the answering needle, the mean number of pages
     they retrieved (the union over KV heads; both None when nothing needed retrieving), and the
-    top-k per head that the policy ran with."""
+    top-k per head that the policy ran with.
+
+    ask_after "ingest" asks as `tieredkv qa` does: the document is ingested as an artifact (its last,
+    partial page sealed) and the question starts on a fresh page. "prefill" (how rows before
+    2026-11-29 were made) continues the document's unsealed last page with the question."""
     with tempfile.TemporaryDirectory(prefix="tkv-passkey-") as d, PageStore(d, StoreConfig()) as store:
         tm = TieredModel(lm, store, TieredConfig(position=position, **cfg_kw))
         try:
-            tm.prefill(task.doc_ids)
+            tm.ingest(task.doc_ids) if ask_after == "ingest" else tm.prefill(task.doc_ids)
             tm.cache.retrieval_log.clear()
             s, e = task.needle_span
             needle_pages = set(range(s // tm.page_size, (e - 1) // tm.page_size + 1))
@@ -118,6 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
     ap.add_argument("--score-frame", default="attended", choices=SCORE_FRAMES,
                     help="TieredConfig.score_frame: where the fixed policy scores a page at retrieval")
+    ap.add_argument("--ask-after", default="ingest", choices=("ingest", "prefill"),
+                    help="tiered systems: ask after ingesting the document as an artifact, as `tieredkv qa` does "
+                         "(default), or continue its unsealed last page (rows made before 2026-11-29)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
@@ -142,7 +149,7 @@ def main(argv=None) -> int:
                         out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
                     else:
                         out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
-                                                oracle=system.endswith("-oracle"))
+                                                oracle=system.endswith("-oracle"), ask_after=a.ask_after)
                     text = lm.codec.decode(out)
                     row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
                            "depth": depth, "seed": seed, "system": system, "answer": task.answer,

@@ -1,0 +1,224 @@
+"""Diagnostic: one ingested document, many ways to answer its question (fixed policy, smollm2).
+
+bench/passkey.py runs every system end to end, and a 32K sample costs minutes of ingest. Here each
+(task, context, depth, seed) is ingested once under the fixed policy's defaults into
+`--work/<task>-<n>-s<seed>-d<depth>/` (kept: a second run reuses it), and then the question is
+answered several ways over the grafted pages:
+
+  topk=K        retrieve K pages per KV head instead of the policy's default
+  local=L       a local window of L pages while the question and answer run
+  needles-only  retrieval replaced by exactly the pages that hold a needle (no retrieved filler)
+  stacked       every retrieved page at one distance (right before the local window, each page
+                keeping its own token order) instead of packed one after another
+  plain-compact the plain HF model, computing afresh, over the sink page, the pages holding a
+                needle and the local window (needles adjacent): what the model makes of the
+                content `fixed` shows it, without any tiered approximation
+
+Only the question-time regime changes: the pages were computed under the ingest config, so every
+variant but `fixed` itself answers over pages from another regime (grafted with
+allow_domain_mismatch). This measures what the question phase can recover, not a full config.
+
+    python bench/placement_sweep.py --tasks multikey --contexts 32768 --depths 0.25,0.5,0.75 --seeds 3 \\
+        --work /tmp/sweep --json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from longctx_tasks import TASKS, Task  # noqa: E402
+from passkey import run_plain  # noqa: E402
+from report import environment, sha256_ids, write_report  # noqa: E402
+
+from paging import PageStore, StoreConfig  # noqa: E402
+from tieredkv.models import load_model  # noqa: E402
+from tieredkv.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.tiered_model import TieredModel  # noqa: E402
+from tieredkv.working_set import select_pages  # noqa: E402
+
+INGEST = TieredConfig(position="fixed")
+VARIANTS = ("fixed", "topk=4", "topk=16", "local=32", "stacked", "stacked,topk=12", "stacked,local=32",
+            "needles-only", "plain-compact")
+NEEDLE_TEXT = {"passkey": "pass key", "multikey": "magic number"}
+
+
+def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
+    """'stacked,topk=12' -> (the question-time config, {"stacked"})."""
+    kw, flags = {}, set()
+    for part in name.split(","):
+        if part in ("stacked", "needles-only"):
+            flags.add(part)
+        elif part.startswith(("topk=", "local=")):
+            field, value = part.split("=")
+            kw["topk_pages" if field == "topk" else "local_pages"] = int(value)
+        elif part != "fixed":
+            raise ValueError(f"unknown variant part {part!r}")
+    base = {k: v for k, v in vars(INGEST).items() if k != "write_batch"}
+    return TieredConfig(**{**base, **kw}), flags
+
+
+def stack_far_pages(cache) -> None:
+    """Place every retrieved page at one distance: each ends right before the local window (the sink
+    page before them). Replaces the packed placement of `fixed`."""
+    def shifts(ids):
+        c, spans = cache.config, cache.spans
+        if len(spans) <= c.capacity_pages:
+            return {}  # the whole context fits: own positions, as under `fixed`
+        first = cache._local_first()
+        local_start = spans[first].start
+        out = {}
+        for i in (i for i in ids if i < first):
+            end = local_start - cache.page_size if i < c.sink_pages else local_start
+            out[i] = end - (spans[i].end - spans[i].start) - spans[i].start
+        return out
+
+    cache._shifts = shifts
+
+
+def retrieve_exactly(cache, pages: list[int]) -> None:
+    """Replace retrieval by `pages` (logged as what was retrieved)."""
+    select = cache._select
+
+    def fixed_pages(layer_idx, query):
+        ids = select(layer_idx, query)
+        if len(cache.spans) <= cache.config.capacity_pages:
+            return ids
+        cache.retrieval_log[-1] = list(pages)
+        c = cache.config
+        return select_pages(len(cache.spans), sink=c.sink_pages, local=c.local_pages, retrieved=pages)
+
+    cache._select = fixed_pages
+
+
+def ingested(lm, task: Task, work: Path) -> tuple[Path, str]:
+    """The store holding `task`'s document, ingested under INGEST (once), and its artifact id."""
+    d = work / f"{task.name}-{task.num_tokens}-s{task.seed}-d{task.depth}"
+    marker = d / "artifact_id"
+    if not marker.exists():
+        with PageStore(d, StoreConfig()) as store:
+            tm = TieredModel(lm, store, INGEST)
+            try:
+                art = tm.ingest(task.doc_ids)
+            finally:
+                tm.close()
+        marker.write_text(art.artifact_id)
+    return d, marker.read_text()
+
+
+def needle_pages(lm, task: Task, page_size: int) -> list[int]:
+    """Pages (after the sink) holding a needle's text, or the start of one cut at the page boundary."""
+    ids, text = task.doc_ids, NEEDLE_TEXT[task.name]
+    return [p for p in range(1, -(-len(ids) // page_size))
+            if text in lm.codec.decode(ids[max(0, p * page_size - 24):(p + 1) * page_size])]
+
+
+def answer_tiered(lm, task: Task, store_dir: Path, artifact_id: str, variant: str) -> tuple[list[int], dict]:
+    config, flags = parse_variant(variant)
+    with PageStore(store_dir, StoreConfig()) as store:
+        tm = TieredModel(lm, store, config)
+        try:
+            tm.graft(artifact_id, allow_domain_mismatch=variant != "fixed")
+            if "stacked" in flags:
+                stack_far_pages(tm.cache)
+            if "needles-only" in flags:
+                retrieve_exactly(tm.cache, needle_pages(lm, task, tm.page_size))
+            tm.cache._write = lambda: None  # the question's pages stay in memory: the store holds the document only
+            out = tm.generate(task.question_ids, max_new_tokens=10)
+            log = list(tm.cache.retrieval_log)
+        finally:
+            tm.close()
+    s, e = task.needle_span
+    target = set(range(s // tm.page_size, (e - 1) // tm.page_size + 1))
+    others = set(needle_pages(lm, task, tm.page_size)) - target
+    if not log:
+        raise ValueError(f"{task.num_tokens} tokens fit the working set: nothing was retrieved, use a longer context")
+    return out, {"needle_retrieved": sum(bool(target & set(x)) for x in log) / len(log),
+                 "other_needle_pages_retrieved_mean": sum(len(others & set(x)) for x in log) / len(log),
+                 "other_needle_pages": len(others), "retrieved_pages_mean": sum(map(len, log)) / len(log),
+                 "topk_pages": config.topk_pages, "local_pages": config.local_pages, "flags": sorted(flags)}
+
+
+def answer_compact(lm, task: Task, page_size: int, local_pages: int) -> tuple[list[int], dict]:
+    ids = task.doc_ids
+    pages = [ids[p:p + page_size] for p in range(0, len(ids), page_size)]
+    far = needle_pages(lm, task, page_size)
+    far = [p for p in far if p < len(pages) - local_pages]
+    doc = pages[0] + [t for p in far for t in pages[p]] + [t for p in pages[-local_pages:] for t in p]
+    compact = Task(task.name, len(doc), task.depth, task.seed, doc, task.question_ids, task.answer)
+    return run_plain(lm, compact, 10), {"compact_tokens": len(doc), "compact_pages": [0, *far],
+                                        "compact_input_sha256": sha256_ids(doc + task.question_ids)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--tasks", default="passkey,multikey")
+    ap.add_argument("--contexts", default="32768")
+    ap.add_argument("--depths", default="0.25,0.5,0.75")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--samples", help="explicit seed:depth list, instead of --depths x --seeds")
+    ap.add_argument("--variants", default=";".join(VARIANTS),
+                    help="';'-separated: " + "; ".join(VARIANTS))
+    ap.add_argument("--work", default="bench/.sweep", help="ingested stores, reused across runs")
+    ap.add_argument("--out", default="bench/results/placement_sweep.json")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    lm = load_model(a.model)
+    if a.samples:
+        samples = [(int(s), float(d)) for s, d in (x.split(":") for x in a.samples.split(","))]
+    else:
+        samples = [(s, float(d)) for d in a.depths.split(",") for s in range(a.first_seed, a.first_seed + a.seeds)]
+    rows = []
+    for task_name in a.tasks.split(","):
+        for n in (int(x) for x in a.contexts.split(",")):
+            for seed, depth in samples:
+                task = TASKS[task_name](lm.codec, n, depth, seed)
+                store_dir, art_id = ingested(lm, task, Path(a.work))
+                for variant in a.variants.split(";"):
+                    t0 = time.perf_counter()
+                    if variant == "plain-compact":
+                        out, extra = answer_compact(lm, task, lm.default_page_size, INGEST.local_pages)
+                    else:
+                        out, extra = answer_tiered(lm, task, store_dir, art_id, variant)
+                    text = lm.codec.decode(out)
+                    rows.append({"task": task_name, "target_tokens": n, "depth": depth, "seed": seed,
+                                 "variant": variant, "answer": task.answer, "output": text,
+                                 "correct": task.answer in text, "artifact_id": art_id, **extra,
+                                 "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
+                                 "output_ids_sha256": sha256_ids(out),
+                                 "seconds": round(time.perf_counter() - t0, 2)})
+                    print(f"{task_name:8s} {n:7d} d={depth} s={seed} {variant:18s} "
+                          f"{'OK ' if rows[-1]['correct'] else 'BAD'} {text!r}", file=sys.stderr)
+                    _write(a, lm, rows)
+    table = _write(a, lm, rows)
+    if a.json:
+        print(Path(a.out).read_text())
+    print("\n| task | context | variant | correct |\n|---|---|---|---|")
+    for r in table:
+        print(f"| {r['task']} | {r['target_tokens']:,} | {r['variant']} | {r['correct']}/{r['samples']} |")
+    return 0
+
+
+def _write(a, lm, rows) -> list[dict]:
+    summary: dict = {}
+    for r in rows:
+        summary.setdefault((r["task"], r["target_tokens"], r["variant"]), []).append(r["correct"])
+    table = [{"task": t, "target_tokens": n, "variant": v, "correct": sum(c), "samples": len(c)}
+             for (t, n, v), c in summary.items()]
+    write_report(a.out, {"bench": "placement_sweep", "model": lm.name, "model_fingerprint": lm.fingerprint,
+                         "ingest_config": INGEST.regime(lm.default_page_size), "args": vars(a),
+                         "environment": environment(), "rows": rows, "accuracy": table})
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())
