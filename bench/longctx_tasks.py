@@ -23,6 +23,20 @@ class Task:
     answer: str
     needle_span: tuple[int, int] = (0, 0)  # token range [start, end) of the answering needle in doc_ids
 
+    def needle_pages(self, page_size: int) -> set[int]:
+        """Ids of the pages that hold the answering needle."""
+        s, e = self.needle_span
+        return set(range(s // page_size, (e - 1) // page_size + 1))
+
+    def row(self, codec, out: list[int]) -> dict:
+        """What every benchmark row of this task records about an answer: the answer, the output,
+        whether it is right, and input and output-id hashes."""
+        from tieredkv.domain import sha256_ids
+
+        text = codec.decode(out)
+        return {"answer": self.answer, "output": text, "correct": self.answer in text,
+                "input_sha256": sha256_ids(self.doc_ids + self.question_ids), "output_ids_sha256": sha256_ids(out)}
+
 
 def _chat_split(codec):
     from tieredkv.text_codec import chat_frame

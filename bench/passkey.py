@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment, sha256_ids, write_report  # noqa: E402
+from report import environment, write_report  # noqa: E402
 from longctx_tasks import TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
@@ -48,14 +48,23 @@ def run_plain(lm, task, max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def force_pages(cache, pages: set[int]) -> None:
-    """Oracle retrieval: every full-attention layer's working set also holds `pages` (once retrieval is
-    active). The retrieval log still records what the index itself found."""
+def force_pages(cache, pages: set[int], *, replace: bool = False) -> None:
+    """Oracle retrieval, once retrieval is active: every full-attention layer's working set also holds
+    `pages`, and the retrieval log still records what the index itself found. With `replace`, `pages`
+    are the only retrieved pages (sink and local pages stay), and the log records them."""
+    from tieredkv.working_set import select_pages
+
     select = cache._select
 
     def with_pages(layer_idx, query):
         ids = select(layer_idx, query)
-        return ids if len(cache.spans) <= cache.config.capacity_pages else sorted(set(ids) | pages)
+        if not cache.retrieving:
+            return ids
+        if not replace:
+            return sorted(set(ids) | pages)
+        cache.retrieval_log[-1] = sorted(pages)
+        c = cache.config
+        return select_pages(len(cache.spans), sink=c.sink_pages, local=c.local_pages, retrieved=pages)
 
     cache._select = with_pages
 
@@ -75,8 +84,7 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
         try:
             tm.ingest(task.doc_ids) if ask_after == "ingest" else tm.prefill(task.doc_ids)
             tm.cache.retrieval_log.clear()
-            s, e = task.needle_span
-            needle_pages = set(range(s // tm.page_size, (e - 1) // tm.page_size + 1))
+            needle_pages = task.needle_pages(tm.page_size)
             if oracle:
                 force_pages(tm.cache, needle_pages)
             out = tm.generate(task.question_ids, max_new_tokens=max_new)
@@ -150,16 +158,13 @@ def main(argv=None) -> int:
                     else:
                         out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
                                                 oracle=system.endswith("-oracle"), ask_after=a.ask_after)
-                    text = lm.codec.decode(out)
                     row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
-                           "depth": depth, "seed": seed, "system": system, "answer": task.answer,
-                           "output": text, "correct": task.answer in text, **extra,
-                           "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
-                           "output_ids_sha256": sha256_ids(out), "seconds": round(time.perf_counter() - t0, 2)}
+                           "depth": depth, "seed": seed, "system": system, **task.row(lm.codec, out), **extra,
+                           "seconds": round(time.perf_counter() - t0, 2)}
                     rows.append(row)
                     table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
                     print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
-                          f"{'OK ' if row['correct'] else 'BAD'} {text!r} needle_retrieved={extra['needle_retrieved']} "
+                          f"{'OK ' if row['correct'] else 'BAD'} {row['output']!r} needle_retrieved={extra['needle_retrieved']} "
                           f"({row['seconds']}s)", file=sys.stderr)
     if a.json:
         print(Path(a.out).read_text())

@@ -24,6 +24,7 @@ allow_domain_mismatch). This measures what the question phase can recover, not a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -32,14 +33,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longctx_tasks import TASKS, Task  # noqa: E402
-from passkey import run_plain  # noqa: E402
+from passkey import force_pages, run_plain  # noqa: E402
 from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
-from tieredkv.working_set import select_pages  # noqa: E402
 
 INGEST = TieredConfig(position="fixed")
 VARIANTS = ("fixed", "topk=4", "topk=16", "local=32", "stacked", "stacked,topk=12", "stacked,local=32",
@@ -58,17 +58,16 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
             kw["topk_pages" if field == "topk" else "local_pages"] = int(value)
         elif part != "fixed":
             raise ValueError(f"unknown variant part {part!r}")
-    base = {k: v for k, v in vars(INGEST).items() if k != "write_batch"}
-    return TieredConfig(**{**base, **kw}), flags
+    return dataclasses.replace(INGEST, **kw), flags
 
 
 def stack_far_pages(cache) -> None:
     """Place every retrieved page at one distance: each ends right before the local window (the sink
     page before them). Replaces the packed placement of `fixed`."""
     def shifts(ids):
-        c, spans = cache.config, cache.spans
-        if len(spans) <= c.capacity_pages:
+        if not cache.retrieving:
             return {}  # the whole context fits: own positions, as under `fixed`
+        c, spans = cache.config, cache.spans
         first = cache._local_first()
         local_start = spans[first].start
         out = {}
@@ -78,21 +77,6 @@ def stack_far_pages(cache) -> None:
         return out
 
     cache._shifts = shifts
-
-
-def retrieve_exactly(cache, pages: list[int]) -> None:
-    """Replace retrieval by `pages` (logged as what was retrieved)."""
-    select = cache._select
-
-    def fixed_pages(layer_idx, query):
-        ids = select(layer_idx, query)
-        if len(cache.spans) <= cache.config.capacity_pages:
-            return ids
-        cache.retrieval_log[-1] = list(pages)
-        c = cache.config
-        return select_pages(len(cache.spans), sink=c.sink_pages, local=c.local_pages, retrieved=pages)
-
-    cache._select = fixed_pages
 
 
 def ingested(lm, task: Task, work: Path) -> tuple[Path, str]:
@@ -117,7 +101,9 @@ def needle_pages(lm, task: Task, page_size: int) -> list[int]:
             if text in lm.codec.decode(ids[max(0, p * page_size - 24):(p + 1) * page_size])]
 
 
-def answer_tiered(lm, task: Task, store_dir: Path, artifact_id: str, variant: str) -> tuple[list[int], dict]:
+def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_id: str,
+                  variant: str) -> tuple[list[int], dict]:
+    """`needles`: the pages holding any needle (`needle_pages`)."""
     config, flags = parse_variant(variant)
     with PageStore(store_dir, StoreConfig()) as store:
         tm = TieredModel(lm, store, config)
@@ -126,15 +112,14 @@ def answer_tiered(lm, task: Task, store_dir: Path, artifact_id: str, variant: st
             if "stacked" in flags:
                 stack_far_pages(tm.cache)
             if "needles-only" in flags:
-                retrieve_exactly(tm.cache, needle_pages(lm, task, tm.page_size))
+                force_pages(tm.cache, set(needles), replace=True)
             tm.cache._write = lambda: None  # the question's pages stay in memory: the store holds the document only
             out = tm.generate(task.question_ids, max_new_tokens=10)
             log = list(tm.cache.retrieval_log)
         finally:
             tm.close()
-    s, e = task.needle_span
-    target = set(range(s // tm.page_size, (e - 1) // tm.page_size + 1))
-    others = set(needle_pages(lm, task, tm.page_size)) - target
+    target = task.needle_pages(tm.page_size)
+    others = set(needles) - target
     if not log:
         raise ValueError(f"{task.num_tokens} tokens fit the working set: nothing was retrieved, use a longer context")
     return out, {"needle_retrieved": sum(bool(target & set(x)) for x in log) / len(log),
@@ -143,11 +128,10 @@ def answer_tiered(lm, task: Task, store_dir: Path, artifact_id: str, variant: st
                  "topk_pages": config.topk_pages, "local_pages": config.local_pages, "flags": sorted(flags)}
 
 
-def answer_compact(lm, task: Task, page_size: int, local_pages: int) -> tuple[list[int], dict]:
+def answer_compact(lm, task: Task, needles: list[int], page_size: int, local_pages: int) -> tuple[list[int], dict]:
     ids = task.doc_ids
     pages = [ids[p:p + page_size] for p in range(0, len(ids), page_size)]
-    far = needle_pages(lm, task, page_size)
-    far = [p for p in far if p < len(pages) - local_pages]
+    far = [p for p in needles if p < len(pages) - local_pages]
     doc = pages[0] + [t for p in far for t in pages[p]] + [t for p in pages[-local_pages:] for t in p]
     compact = Task(task.name, len(doc), task.depth, task.seed, doc, task.question_ids, task.answer)
     return run_plain(lm, compact, 10), {"compact_tokens": len(doc), "compact_pages": [0, *far],
@@ -177,29 +161,25 @@ def main(argv=None) -> int:
         samples = [(int(s), float(d)) for s, d in (x.split(":") for x in a.samples.split(","))]
     else:
         samples = [(s, float(d)) for d in a.depths.split(",") for s in range(a.first_seed, a.first_seed + a.seeds)]
-    rows = []
+    rows, table = [], []
     for task_name in a.tasks.split(","):
         for n in (int(x) for x in a.contexts.split(",")):
             for seed, depth in samples:
                 task = TASKS[task_name](lm.codec, n, depth, seed)
                 store_dir, art_id = ingested(lm, task, Path(a.work))
+                needles = needle_pages(lm, task, lm.default_page_size)
                 for variant in a.variants.split(";"):
                     t0 = time.perf_counter()
                     if variant == "plain-compact":
-                        out, extra = answer_compact(lm, task, lm.default_page_size, INGEST.local_pages)
+                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, INGEST.local_pages)
                     else:
-                        out, extra = answer_tiered(lm, task, store_dir, art_id, variant)
-                    text = lm.codec.decode(out)
+                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant)
                     rows.append({"task": task_name, "target_tokens": n, "depth": depth, "seed": seed,
-                                 "variant": variant, "answer": task.answer, "output": text,
-                                 "correct": task.answer in text, "artifact_id": art_id, **extra,
-                                 "input_sha256": sha256_ids(task.doc_ids + task.question_ids),
-                                 "output_ids_sha256": sha256_ids(out),
+                                 "variant": variant, "artifact_id": art_id, **task.row(lm.codec, out), **extra,
                                  "seconds": round(time.perf_counter() - t0, 2)})
                     print(f"{task_name:8s} {n:7d} d={depth} s={seed} {variant:18s} "
-                          f"{'OK ' if rows[-1]['correct'] else 'BAD'} {text!r}", file=sys.stderr)
-                    _write(a, lm, rows)
-    table = _write(a, lm, rows)
+                          f"{'OK ' if rows[-1]['correct'] else 'BAD'} {rows[-1]['output']!r}", file=sys.stderr)
+                    table = _write(a, lm, rows)  # after every row: a cut-short run keeps its rows
     if a.json:
         print(Path(a.out).read_text())
     print("\n| task | context | variant | correct |\n|---|---|---|---|")

@@ -240,9 +240,14 @@ class TieredCache(Cache):
     def close(self) -> None:
         self.prefetcher.close()
 
+    @property
+    def retrieving(self) -> bool:
+        """More sealed pages than one working set holds: attention retrieves (and `fixed` moves pages)."""
+        return len(self.spans) > self.config.capacity_pages
+
     def _select(self, layer_idx: int, query: torch.Tensor) -> list[int]:
         c, n = self.config, len(self.spans)
-        if n <= c.capacity_pages:
+        if not self.retrieving:
             return list(range(n))
         hq, hkv = query.shape[1], self.layout.num_kv_heads
         if c.relative_scoring:
@@ -259,8 +264,7 @@ class TieredCache(Cache):
         return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=found)
 
     def _shifts(self, ids: list[int]) -> dict[int, int]:
-        c, n = self.config, len(self.spans)
-        if n <= c.capacity_pages:
+        if not self.retrieving:
             return {}
         local_first = self._local_first()
         far = [i for i in ids if i < local_first]
