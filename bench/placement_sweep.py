@@ -1,9 +1,10 @@
 """Diagnostic: one ingested document, many ways to answer its question (fixed policy, smollm2).
 
 bench/passkey.py runs every system end to end, and a 32K sample costs minutes of ingest. Here each
-(task, context, depth, seed) is ingested once under the fixed policy's defaults into
-`--work/<task>-<n>-s<seed>-d<depth>/` (kept: a second run reuses it), and then the question is
-answered several ways over the grafted pages:
+(task, context, depth, seed) is ingested once under the fixed policy's defaults (or under
+`--ingest`'s changes to them, e.g. `topk=0`: no retrieval while the document is read) into
+`--work/[<ingest>/]<task>-<n>-s<seed>-d<depth>/` (kept: a second run reuses it), and then the
+question is answered several ways over the grafted pages:
 
   topk=K        retrieve K pages per KV head instead of the policy's default
   local=L       a local window of L pages while the question and answer run
@@ -15,7 +16,7 @@ answered several ways over the grafted pages:
                 content `fixed` shows it, without any tiered approximation
 
 Only the question-time regime changes: the pages were computed under the ingest config, so every
-variant but `fixed` itself answers over pages from another regime (grafted with
+variant other than the ingest's own answers over pages from another regime (grafted with
 allow_domain_mismatch). This measures what the question phase can recover, not a full config.
 
     python bench/placement_sweep.py --tasks multikey --contexts 32768 --depths 0.25,0.5,0.75 --seeds 3 \\
@@ -41,7 +42,7 @@ from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
-INGEST = TieredConfig(position="fixed")
+FIXED = TieredConfig(position="fixed")
 VARIANTS = ("fixed", "topk=4", "topk=16", "local=32", "stacked", "stacked,topk=12", "stacked,local=32",
             "needles-only", "plain-compact")
 NEEDLE_TEXT = {"passkey": "pass key", "multikey": "magic number"}
@@ -58,7 +59,7 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
             kw["topk_pages" if field == "topk" else "local_pages"] = int(value)
         elif part != "fixed":
             raise ValueError(f"unknown variant part {part!r}")
-    return dataclasses.replace(INGEST, **kw), flags
+    return dataclasses.replace(FIXED, **kw), flags
 
 
 def stack_far_pages(cache) -> None:
@@ -79,13 +80,19 @@ def stack_far_pages(cache) -> None:
     cache._shifts = shifts
 
 
-def ingested(lm, task: Task, work: Path) -> tuple[Path, str]:
-    """The store holding `task`'s document, ingested under INGEST (once), and its artifact id."""
+def ingested(lm, task: Task, work: Path, ingest: str = "fixed") -> tuple[Path, str]:
+    """The store holding `task`'s document, ingested under the config `ingest` names (once), and its
+    artifact id. Stores of the default ingest sit directly under `work`, others under `work/<ingest>`."""
+    if ingest != "fixed":
+        work = work / ingest.replace(",", "_").replace("=", "")
     d = work / f"{task.name}-{task.num_tokens}-s{task.seed}-d{task.depth}"
     marker = d / "artifact_id"
     if not marker.exists():
+        config, flags = parse_variant(ingest)
+        if flags:
+            raise ValueError(f"--ingest takes topk= and local= only, not {sorted(flags)}")
         with PageStore(d, StoreConfig()) as store:
-            tm = TieredModel(lm, store, INGEST)
+            tm = TieredModel(lm, store, config)
             try:
                 art = tm.ingest(task.doc_ids)
             finally:
@@ -102,13 +109,13 @@ def needle_pages(lm, task: Task, page_size: int) -> list[int]:
 
 
 def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_id: str,
-                  variant: str) -> tuple[list[int], dict]:
+                  variant: str, ingest: str) -> tuple[list[int], dict]:
     """`needles`: the pages holding any needle (`needle_pages`)."""
     config, flags = parse_variant(variant)
     with PageStore(store_dir, StoreConfig()) as store:
         tm = TieredModel(lm, store, config)
         try:
-            tm.graft(artifact_id, allow_domain_mismatch=variant != "fixed")
+            tm.graft(artifact_id, allow_domain_mismatch=variant != ingest)
             if "stacked" in flags:
                 stack_far_pages(tm.cache)
             if "needles-only" in flags:
@@ -149,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", help="explicit seed:depth list, instead of --depths x --seeds")
     ap.add_argument("--variants", default=";".join(VARIANTS),
                     help="';'-separated: " + "; ".join(VARIANTS))
+    ap.add_argument("--ingest", default="fixed",
+                    help="the config documents are ingested under: fixed, or its topk=/local= changes (e.g. topk=0)")
     ap.add_argument("--work", default="bench/.sweep", help="ingested stores, reused across runs")
     ap.add_argument("--out", default="bench/results/placement_sweep.json")
     ap.add_argument("--threads", type=int)
@@ -166,14 +175,14 @@ def main(argv=None) -> int:
         for n in (int(x) for x in a.contexts.split(",")):
             for seed, depth in samples:
                 task = TASKS[task_name](lm.codec, n, depth, seed)
-                store_dir, art_id = ingested(lm, task, Path(a.work))
+                store_dir, art_id = ingested(lm, task, Path(a.work), a.ingest)
                 needles = needle_pages(lm, task, lm.default_page_size)
                 for variant in a.variants.split(";"):
                     t0 = time.perf_counter()
                     if variant == "plain-compact":
-                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, INGEST.local_pages)
+                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, FIXED.local_pages)
                     else:
-                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant)
+                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant, a.ingest)
                     rows.append({"task": task_name, "target_tokens": n, "depth": depth, "seed": seed,
                                  "variant": variant, "artifact_id": art_id, **task.row(lm.codec, out), **extra,
                                  "seconds": round(time.perf_counter() - t0, 2)})
@@ -195,7 +204,8 @@ def _write(a, lm, rows) -> list[dict]:
     table = [{"task": t, "target_tokens": n, "variant": v, "correct": sum(c), "samples": len(c)}
              for (t, n, v), c in summary.items()]
     write_report(a.out, {"bench": "placement_sweep", "model": lm.name, "model_fingerprint": lm.fingerprint,
-                         "ingest_config": INGEST.regime(lm.default_page_size), "args": vars(a),
+                         "ingest": a.ingest,
+                         "ingest_config": parse_variant(a.ingest)[0].regime(lm.default_page_size), "args": vars(a),
                          "environment": environment(), "rows": rows, "accuracy": table})
     return table
 
