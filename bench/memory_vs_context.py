@@ -164,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default=DEFAULT_CONTEXTS)
     ap.add_argument("--page-size", type=int, default=128)
     ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
+    ap.add_argument("--position", choices=("own", "fixed"), default="own",
+                    help="TieredConfig.position (fixed: the policy beyond the model's window, with its own top-k)")
     ap.add_argument("--host-budget-gib", type=float,
                     help="host tier budget (default: 25%% of available RAM); pages beyond it are read from LMDB")
     ap.add_argument("--decode-tokens", type=int, default=9)
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
     lm = load_model(a.model)
     contexts = sorted(int(x) for x in a.contexts.split(","))
     ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
-    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages)
+    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     rows = []
     with tempfile.TemporaryDirectory(prefix="tkv-mem-") as tmp:
