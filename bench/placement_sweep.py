@@ -88,9 +88,7 @@ def ingested(lm, task: Task, work: Path, ingest: str = "fixed") -> tuple[Path, s
     d = work / f"{task.name}-{task.num_tokens}-s{task.seed}-d{task.depth}"
     marker = d / "artifact_id"
     if not marker.exists():
-        config, flags = parse_variant(ingest)
-        if flags:
-            raise ValueError(f"--ingest takes topk= and local= only, not {sorted(flags)}")
+        config, _ = parse_variant(ingest)
         with PageStore(d, StoreConfig()) as store:
             tm = TieredModel(lm, store, config)
             try:
@@ -163,6 +161,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        if parse_variant(a.ingest)[1]:
+            raise ValueError("stacked and needles-only change answering, not reading")
+    except ValueError as e:
+        ap.error(f"--ingest takes topk= and local= changes to fixed only ({a.ingest!r}: {e})")
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
