@@ -80,15 +80,14 @@ def stack_far_pages(cache) -> None:
     cache._shifts = shifts
 
 
-def ingested(lm, task: Task, work: Path, ingest: str = "fixed") -> tuple[Path, str]:
-    """The store holding `task`'s document, ingested under the config `ingest` names (once), and its
-    artifact id. Stores of the default ingest sit directly under `work`, others under `work/<ingest>`."""
+def ingested(lm, task: Task, work: Path, ingest: str, config: TieredConfig) -> tuple[Path, str]:
+    """The store holding `task`'s document, ingested under `config` (once; `ingest` is its spec), and
+    its artifact id. Stores of the default ingest sit directly under `work`, others under `work/<ingest>`."""
     if ingest != "fixed":
         work = work / ingest.replace(",", "_").replace("=", "")
     d = work / f"{task.name}-{task.num_tokens}-s{task.seed}-d{task.depth}"
     marker = d / "artifact_id"
     if not marker.exists():
-        config, _ = parse_variant(ingest)
         with PageStore(d, StoreConfig()) as store:
             tm = TieredModel(lm, store, config)
             try:
@@ -99,21 +98,22 @@ def ingested(lm, task: Task, work: Path, ingest: str = "fixed") -> tuple[Path, s
     return d, marker.read_text()
 
 
-def needle_pages(lm, task: Task, page_size: int) -> list[int]:
-    """Pages (after the sink) holding a needle's text, or the start of one cut at the page boundary."""
+def all_needle_pages(lm, task: Task, page_size: int) -> list[int]:
+    """Pages (after the sink) holding any needle's text, or the start of one cut at the page boundary
+    (`Task.needle_pages` gives the answering needle's only)."""
     ids, text = task.doc_ids, NEEDLE_TEXT[task.name]
     return [p for p in range(1, -(-len(ids) // page_size))
             if text in lm.codec.decode(ids[max(0, p * page_size - 24):(p + 1) * page_size])]
 
 
 def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_id: str,
-                  variant: str, ingest: str) -> tuple[list[int], dict]:
-    """`needles`: the pages holding any needle (`needle_pages`)."""
+                  variant: str, ingest: TieredConfig) -> tuple[list[int], dict]:
+    """`needles`: the pages holding any needle (`all_needle_pages`); `ingest`: the document's config."""
     config, flags = parse_variant(variant)
     with PageStore(store_dir, StoreConfig()) as store:
         tm = TieredModel(lm, store, config)
         try:
-            tm.graft(artifact_id, allow_domain_mismatch=variant != ingest)
+            tm.graft(artifact_id, allow_domain_mismatch=config != ingest)
             if "stacked" in flags:
                 stack_far_pages(tm.cache)
             if "needles-only" in flags:
@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
-        if parse_variant(a.ingest)[1]:
+        ingest_cfg, flags = parse_variant(a.ingest)
+        if flags:
             raise ValueError("stacked and needles-only change answering, not reading")
     except ValueError as e:
         ap.error(f"--ingest takes topk= and local= changes to fixed only ({a.ingest!r}: {e})")
@@ -178,20 +179,20 @@ def main(argv=None) -> int:
         for n in (int(x) for x in a.contexts.split(",")):
             for seed, depth in samples:
                 task = TASKS[task_name](lm.codec, n, depth, seed)
-                store_dir, art_id = ingested(lm, task, Path(a.work), a.ingest)
-                needles = needle_pages(lm, task, lm.default_page_size)
+                store_dir, art_id = ingested(lm, task, Path(a.work), a.ingest, ingest_cfg)
+                needles = all_needle_pages(lm, task, lm.default_page_size)
                 for variant in a.variants.split(";"):
                     t0 = time.perf_counter()
                     if variant == "plain-compact":
                         out, extra = answer_compact(lm, task, needles, lm.default_page_size, FIXED.local_pages)
                     else:
-                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant, a.ingest)
+                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant, ingest_cfg)
                     rows.append({"task": task_name, "target_tokens": n, "depth": depth, "seed": seed,
                                  "variant": variant, "artifact_id": art_id, **task.row(lm.codec, out), **extra,
                                  "seconds": round(time.perf_counter() - t0, 2)})
                     print(f"{task_name:8s} {n:7d} d={depth} s={seed} {variant:18s} "
                           f"{'OK ' if rows[-1]['correct'] else 'BAD'} {rows[-1]['output']!r}", file=sys.stderr)
-                    table = _write(a, lm, rows)  # after every row: a cut-short run keeps its rows
+                    table = _write(a, lm, ingest_cfg, rows)  # after every row: a cut-short run keeps its rows
     if a.json:
         print(Path(a.out).read_text())
     print("\n| task | context | variant | correct |\n|---|---|---|---|")
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write(a, lm, rows) -> list[dict]:
+def _write(a, lm, ingest_cfg: TieredConfig, rows) -> list[dict]:
     summary: dict = {}
     for r in rows:
         summary.setdefault((r["task"], r["target_tokens"], r["variant"]), []).append(r["correct"])
@@ -208,7 +209,7 @@ def _write(a, lm, rows) -> list[dict]:
              for (t, n, v), c in summary.items()]
     write_report(a.out, {"bench": "placement_sweep", "model": lm.name, "model_fingerprint": lm.fingerprint,
                          "ingest": a.ingest,
-                         "ingest_config": parse_variant(a.ingest)[0].regime(lm.default_page_size), "args": vars(a),
+                         "ingest_config": ingest_cfg.regime(lm.default_page_size), "args": vars(a),
                          "environment": environment(), "rows": rows, "accuracy": table})
     return table
 
