@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from paging import PageStore, StoreConfig
 from tieredkv.artifact import prefill
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import TINY_MODELS
+from tieredkv.tiered_cache import TieredCache
 from tieredkv.tiered_config import TieredConfig
 from tieredkv.tiered_model import TieredModel
 
@@ -250,9 +252,63 @@ def test_fixed_policy_scores_pages_where_they_are_attended(tiny_model, tmp_path)
         assert not np.array_equal(upper[:, row], keys.float().amax(1).numpy().astype(np.float64))
 
 
-def test_score_frame_is_part_of_the_fixed_regime_only():
-    from types import SimpleNamespace
+def _rotated_by_the_rotary_itself(model, keys, delta, layer_idx):
+    """The reference rotation: the model's rotary called once over every token's distance."""
+    from tieredkv.rotary import _layer_type, _rotate_half, rotary_module
 
+    rope, layer_type = rotary_module(model), _layer_type(model, layer_idx)
+    kwargs = {"layer_type": layer_type} if layer_type else {}
+    cos, sin = rope(keys, position_ids=delta[None], **kwargs)
+    scale = getattr(rope, f"{layer_type}_attention_scaling", None) if layer_type else rope.attention_scaling
+    return keys * (cos[0] / scale) + _rotate_half(keys) * (sin[0] / scale)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3", "dynamic"])
+def test_rerotate_gives_the_bytes_of_the_rotary_own_call(tiny_model, name):
+    """rerotate computes each distinct distance once and keeps static rotaries' rows: the result must
+    be the bytes of the rotary's own per-token call, on a first call, a repeat, and for a dynamic
+    rotary (which is never kept)."""
+    from tieredkv.rotary import rerotate
+
+    if name == "dynamic":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=256,
+                                             rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                              "rope_theta": 10000.0})).eval()
+    else:
+        model = tiny_model(name).model
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randn(2, 40, head_dim, generator=g)
+    layer = len(model.model.layers) - 1
+    for delta in (torch.tensor([-300] * 16 + [5] * 16 + [-7000] * 8),
+                  torch.tensor([5] * 8 + [-300] * 16 + [900] * 16)):  # the second repeats two distances
+        assert torch.equal(rerotate(model, keys, delta, layer),
+                           _rotated_by_the_rotary_itself(model, keys, delta, layer))
+    assert torch.equal(rerotate(model, keys, -300, layer),
+                       _rotated_by_the_rotary_itself(model, keys, torch.full((40,), -300), layer))
+
+
+def test_fixed_policy_moves_all_far_pages_in_one_rotation_with_the_same_bytes(tiny_model):
+    from tieredkv.rotary import rerotate
+
+    lm = tiny_model("tiny-llama")
+    cache = SimpleNamespace(model=lm.model)
+    g = torch.Generator().manual_seed(2)
+    parts = [torch.randn(2, n, 16, generator=g) for n in (32, 32, 7, 32)]
+    shifts = [-640, 0, 96, -64]
+    ks = list(parts)
+    TieredCache._rerotate_parts(cache, ks, shifts, 1)
+    for k, part, d in zip(ks, parts, shifts):
+        assert torch.equal(k, rerotate(lm.model, part, d, 1) if d else part)
+    assert ks[1] is parts[1]  # a page at its own position is not touched
+
+
+def test_score_frame_is_part_of_the_fixed_regime_only():
     from tieredkv.artifact import chain_fingerprint
 
     assert "score_frame" not in TieredConfig().regime(32)  # own positions: no effect, not recorded

@@ -6,6 +6,10 @@ fresh. `--shift` and the fixed-distance position policy measure that drift.
 """
 from __future__ import annotations
 
+import functools
+import weakref
+from collections import OrderedDict
+
 import torch
 
 from tieredkv.errors import UnsupportedModelError
@@ -43,16 +47,54 @@ def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int, layer_idx: in
     rope = rotary_module(model)
     t = keys.shape[-2]
     d = torch.full((t,), int(delta)) if isinstance(delta, int) else delta.to(torch.long)
-    layer_type = _layer_type(model, layer_idx)
-    kwargs = {"layer_type": layer_type} if layer_type is not None and _takes_layer_type(rope) else {}
-    cos, sin = rope(keys, position_ids=d[None].to(keys.device), **kwargs)  # [1, T, D]
-    scale = getattr(rope, f"{layer_type}_attention_scaling", None) if layer_type else None
-    scale = scale if scale is not None else getattr(rope, "attention_scaling", 1.0)
-    cos, sin = (cos[0] / scale).to(keys.dtype), (sin[0] / scale).to(keys.dtype)
+    cos, sin = _cos_sin(rope, _layer_type(model, layer_idx), d.to(keys.device), keys)
+    cos, sin = cos.to(keys.dtype), sin.to(keys.dtype)
     return keys * cos + _rotate_half(keys) * sin
 
 
+# Rotaries whose frequencies never change with the sequence length: their cos/sin of a distance can
+# be kept. Dynamic NTK and LongRoPE pick frequencies per call (transformers' dynamic_rope_update).
+_STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+_MEMO_ROWS = 4096  # distances kept per (rotary, layer type); a row is 2 x head_dim floats
+_memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cos_sin(rope, layer_type: str | None, d: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, D] of the distances `d` [T], the rotary's attention scaling divided out.
+
+    Per-distance rows are elementwise, so computing each distinct distance once (and keeping it, for
+    static rotaries) gives the same bytes as the rotary's own call over all T positions; the fixed
+    policy moves ~10 pages per layer and step by a handful of distances that recur step after step.
+    """
+    rope_type = rope.rope_type.get(layer_type) if isinstance(rope.rope_type, dict) else rope.rope_type
+    uniq, inverse = torch.unique(d, return_inverse=True)
+    memo = _memo.setdefault(rope, {}).setdefault((layer_type, like.device, like.dtype), OrderedDict()) \
+        if rope_type in _STATIC_ROPE_TYPES else OrderedDict()
+    missing = [int(x) for x in uniq.tolist() if int(x) not in memo]
+    if missing:
+        kwargs = {"layer_type": layer_type} if layer_type is not None and _takes_layer_type(rope) else {}
+        cos, sin = rope(like, position_ids=torch.tensor([missing], device=like.device), **kwargs)  # [1, M, D]
+        scale = getattr(rope, f"{layer_type}_attention_scaling", None) if layer_type else None
+        scale = scale if scale is not None else getattr(rope, "attention_scaling", 1.0)
+        for x, c, s in zip(missing, cos[0] / scale, sin[0] / scale):
+            memo[x] = (c, s)
+    rows = []
+    for x in uniq.tolist():
+        rows.append(memo[x])
+        memo.move_to_end(x)
+    while len(memo) > _MEMO_ROWS:
+        memo.popitem(last=False)
+    cos = torch.stack([c for c, _ in rows])[inverse]
+    sin = torch.stack([s for _, s in rows])[inverse]
+    return cos, sin
+
+
 def _takes_layer_type(rope) -> bool:
+    return _forward_takes_layer_type(type(rope))
+
+
+@functools.cache
+def _forward_takes_layer_type(rope_class) -> bool:
     import inspect
 
-    return "layer_type" in inspect.signature(rope.forward).parameters
+    return "layer_type" in inspect.signature(rope_class.forward).parameters
