@@ -13,7 +13,9 @@ question is answered several ways over the grafted pages:
                 keeping its own token order) instead of packed one after another
   plain-compact the plain HF model, computing afresh, over the sink page, the pages holding a
                 needle and the local window (needles adjacent): what the model makes of the
-                content `fixed` shows it, without any tiered approximation
+                content `fixed` shows it, without any tiered approximation. `plain-compact,local=L`
+                takes the last L pages instead of fixed's 16. With only plain-compact variants,
+                nothing is ingested.
 
 Only the question-time regime changes: the pages were computed under the ingest config, so every
 variant other than the ingest's own answers over pages from another regime (grafted with
@@ -60,6 +62,11 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
         elif part != "fixed":
             raise ValueError(f"unknown variant part {part!r}")
     return dataclasses.replace(FIXED, **kw), flags
+
+
+def plain_rest(variant: str) -> str:
+    """'plain-compact,local=32' -> 'local=32' (parse_variant's part of a plain-compact variant)."""
+    return variant.removeprefix("plain-compact").lstrip(",") or "fixed"
 
 
 def stack_far_pages(cache) -> None:
@@ -167,6 +174,12 @@ def main(argv=None) -> int:
             raise ValueError("stacked and needles-only change answering, not reading")
     except ValueError as e:
         ap.error(f"--ingest takes topk= and local= changes to fixed only ({a.ingest!r}: {e})")
+    variants = a.variants.split(";")
+    for v in variants:
+        try:
+            parse_variant(plain_rest(v) if v.startswith("plain-compact") else v)
+        except ValueError as e:
+            ap.error(f"--variants: {v!r}: {e}")
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
@@ -174,17 +187,20 @@ def main(argv=None) -> int:
         samples = [(int(s), float(d)) for s, d in (x.split(":") for x in a.samples.split(","))]
     else:
         samples = [(s, float(d)) for d in a.depths.split(",") for s in range(a.first_seed, a.first_seed + a.seeds)]
+    all_plain = all(v.startswith("plain-compact") for v in variants)  # no tiered variant: nothing to ingest
     rows, table = [], []
     for task_name in a.tasks.split(","):
         for n in (int(x) for x in a.contexts.split(",")):
             for seed, depth in samples:
                 task = TASKS[task_name](lm.codec, n, depth, seed)
-                store_dir, art_id = ingested(lm, task, Path(a.work), a.ingest, ingest_cfg)
+                store_dir, art_id = (None, None) if all_plain else ingested(lm, task, Path(a.work), a.ingest,
+                                                                             ingest_cfg)
                 needles = all_needle_pages(lm, task, lm.default_page_size)
-                for variant in a.variants.split(";"):
+                for variant in variants:
                     t0 = time.perf_counter()
-                    if variant == "plain-compact":
-                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, FIXED.local_pages)
+                    if variant.startswith("plain-compact"):
+                        local = parse_variant(plain_rest(variant))[0].local_pages
+                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, local)
                     else:
                         out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant, ingest_cfg)
                     rows.append({"task": task_name, "target_tokens": n, "depth": depth, "seed": seed,
