@@ -51,10 +51,11 @@ NEEDLE_TEXT = {"passkey": "pass key", "multikey": "magic number"}
 
 
 def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
-    """'stacked,topk=12' -> (the question-time config, {"stacked"})."""
+    """'stacked,topk=12' -> (the question-time config, {"stacked"}); 'plain-compact,local=32' ->
+    (the config whose local_pages the plain model's compact context takes, {"plain-compact"})."""
     kw, flags = {}, set()
     for part in name.split(","):
-        if part in ("stacked", "needles-only"):
+        if part in ("stacked", "needles-only", "plain-compact"):
             flags.add(part)
         elif part.startswith(("topk=", "local=")):
             field, value = part.split("=")
@@ -62,11 +63,6 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
         elif part != "fixed":
             raise ValueError(f"unknown variant part {part!r}")
     return dataclasses.replace(FIXED, **kw), flags
-
-
-def plain_rest(variant: str) -> str:
-    """'plain-compact,local=32' -> 'local=32' (parse_variant's part of a plain-compact variant)."""
-    return variant.removeprefix("plain-compact").lstrip(",") or "fixed"
 
 
 def stack_far_pages(cache) -> None:
@@ -114,9 +110,9 @@ def all_needle_pages(lm, task: Task, page_size: int) -> list[int]:
 
 
 def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_id: str,
-                  variant: str, ingest: TieredConfig) -> tuple[list[int], dict]:
-    """`needles`: the pages holding any needle (`all_needle_pages`); `ingest`: the document's config."""
-    config, flags = parse_variant(variant)
+                  config: TieredConfig, flags: set[str], ingest: TieredConfig) -> tuple[list[int], dict]:
+    """`config, flags`: the variant (`parse_variant`); `needles`: the pages holding any needle
+    (`all_needle_pages`); `ingest`: the document's config."""
     with PageStore(store_dir, StoreConfig()) as store:
         tm = TieredModel(lm, store, config)
         try:
@@ -171,13 +167,13 @@ def main(argv=None) -> int:
     try:
         ingest_cfg, flags = parse_variant(a.ingest)
         if flags:
-            raise ValueError("stacked and needles-only change answering, not reading")
+            raise ValueError(f"{', '.join(sorted(flags))} change answering, not reading")
     except ValueError as e:
         ap.error(f"--ingest takes topk= and local= changes to fixed only ({a.ingest!r}: {e})")
-    variants = a.variants.split(";")
-    for v in variants:
+    variants = {}
+    for v in a.variants.split(";"):
         try:
-            parse_variant(plain_rest(v) if v.startswith("plain-compact") else v)
+            variants[v] = parse_variant(v)
         except ValueError as e:
             ap.error(f"--variants: {v!r}: {e}")
     if a.threads:
@@ -187,7 +183,7 @@ def main(argv=None) -> int:
         samples = [(int(s), float(d)) for s, d in (x.split(":") for x in a.samples.split(","))]
     else:
         samples = [(s, float(d)) for d in a.depths.split(",") for s in range(a.first_seed, a.first_seed + a.seeds)]
-    all_plain = all(v.startswith("plain-compact") for v in variants)  # no tiered variant: nothing to ingest
+    all_plain = all("plain-compact" in flags for _, flags in variants.values())  # nothing to ingest
     rows, table = [], []
     for task_name in a.tasks.split(","):
         for n in (int(x) for x in a.contexts.split(",")):
@@ -196,13 +192,12 @@ def main(argv=None) -> int:
                 store_dir, art_id = (None, None) if all_plain else ingested(lm, task, Path(a.work), a.ingest,
                                                                              ingest_cfg)
                 needles = all_needle_pages(lm, task, lm.default_page_size)
-                for variant in variants:
+                for variant, (config, flags) in variants.items():
                     t0 = time.perf_counter()
-                    if variant.startswith("plain-compact"):
-                        local = parse_variant(plain_rest(variant))[0].local_pages
-                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, local)
+                    if "plain-compact" in flags:
+                        out, extra = answer_compact(lm, task, needles, lm.default_page_size, config.local_pages)
                     else:
-                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, variant, ingest_cfg)
+                        out, extra = answer_tiered(lm, task, needles, store_dir, art_id, config, flags, ingest_cfg)
                     rows.append({"task": task_name, "target_tokens": n, "depth": depth, "seed": seed,
                                  "variant": variant, "artifact_id": art_id, **task.row(lm.codec, out), **extra,
                                  "seconds": round(time.perf_counter() - t0, 2)})

@@ -70,16 +70,17 @@ def _cos_sin(rope, layer_type: str | None, d: torch.Tensor, like: torch.Tensor) 
     uniq, inverse = torch.unique(d, return_inverse=True)
     memo = _memo.setdefault(rope, {}).setdefault((layer_type, like.device, like.dtype), OrderedDict()) \
         if rope_type in _STATIC_ROPE_TYPES else OrderedDict()
-    missing = [int(x) for x in uniq.tolist() if int(x) not in memo]
+    distances = uniq.tolist()
+    missing = [x for x in distances if x not in memo]
     if missing:
-        kwargs = {"layer_type": layer_type} if layer_type is not None and _takes_layer_type(rope) else {}
+        kwargs = {"layer_type": layer_type} if layer_type is not None and _takes_layer_type(type(rope)) else {}
         cos, sin = rope(like, position_ids=torch.tensor([missing], device=like.device), **kwargs)  # [1, M, D]
         scale = getattr(rope, f"{layer_type}_attention_scaling", None) if layer_type else None
         scale = scale if scale is not None else getattr(rope, "attention_scaling", 1.0)
         for x, c, s in zip(missing, cos[0] / scale, sin[0] / scale):
             memo[x] = (c, s)
     rows = []
-    for x in uniq.tolist():
+    for x in distances:
         rows.append(memo[x])
         memo.move_to_end(x)
     while len(memo) > _MEMO_ROWS:
@@ -89,12 +90,8 @@ def _cos_sin(rope, layer_type: str | None, d: torch.Tensor, like: torch.Tensor) 
     return cos, sin
 
 
-def _takes_layer_type(rope) -> bool:
-    return _forward_takes_layer_type(type(rope))
-
-
 @functools.cache
-def _forward_takes_layer_type(rope_class) -> bool:
+def _takes_layer_type(rope_class) -> bool:
     import inspect
 
     return "layer_type" in inspect.signature(rope_class.forward).parameters

@@ -236,7 +236,7 @@ class TieredCache(Cache):
         if not moved:
             return
         sizes = [ks[j].shape[1] for j in moved]
-        delta = torch.cat([torch.full((n,), shifts[j], dtype=torch.long) for j, n in zip(moved, sizes)])
+        delta = torch.tensor([shifts[j] for j in moved]).repeat_interleave(torch.tensor(sizes))
         rotated = rerotate(self.model, torch.cat([ks[j] for j in moved], dim=1), delta, layer_idx)
         for j, piece in zip(moved, rotated.split(sizes, dim=1)):
             ks[j] = piece
