@@ -80,6 +80,7 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
     partial page sealed) and the question starts on a fresh page. "prefill" (how rows before
     2026-11-29 were made) continues the document's unsealed last page with the question."""
     with tempfile.TemporaryDirectory(prefix="tkv-passkey-") as d, PageStore(d, StoreConfig()) as store:
+        cfg_kw = {**cfg_kw, "reencode_pages": cfg_kw.get("reencode_pages", 0) if position == "fixed" else 0}
         tm = TieredModel(lm, store, TieredConfig(position=position, **cfg_kw))
         try:
             tm.ingest(task.doc_ids) if ask_after == "ingest" else tm.prefill(task.doc_ids)
@@ -91,7 +92,8 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
             log = list(tm.cache.retrieval_log)
             hit = sum(bool(needle_pages & set(sel)) for sel in log) / len(log) if log else None
             size = sum(len(sel) for sel in log) / len(log) if log else None
-            return out, {"needle_retrieved": hit, "retrieved_pages_mean": size, "topk_pages": tm.config.topk_pages}
+            return out, {"needle_retrieved": hit, "retrieved_pages_mean": size, "topk_pages": tm.config.topk_pages,
+                         "reencoded_pages": sorted(tm.cache.reencoded)}
         finally:
             tm.close()
 
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ask-after", default="ingest", choices=("ingest", "prefill"),
                     help="tiered systems: ask after ingesting the document as an artifact, as `tieredkv qa` does "
                          "(default), or continue its unsealed last page (rows made before 2026-11-29)")
+    ap.add_argument("--reencode-pages", type=int, default=0,
+                    help="tiered-fixed: TieredConfig.reencode_pages (re-encode the question's most-retrieved pages)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
@@ -140,7 +144,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
-                  score_frame=a.score_frame)
+                  score_frame=a.score_frame, reencode_pages=a.reencode_pages)
     rows, table = [], []
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:

@@ -11,6 +11,10 @@ question is answered several ways over the grafted pages:
   needles-only  retrieval replaced by exactly the pages that hold a needle (no retrieved filler)
   stacked       every retrieved page at one distance (right before the local window, each page
                 keeping its own token order) instead of packed one after another
+  reencode=N    question-time re-encoding, as TieredConfig(reencode_pages=N) runs it: a probe forward
+                of the question picks the N pages retrieved most; they and the sink are computed
+                afresh together, packed before the local window, and join every layer's retrieval
+  needles-only,reencode  the needle pages re-encoded so (an oracle), and retrieval replaced by them
   plain-compact the plain HF model, computing afresh, over the sink page, the pages holding a
                 needle and the local window (needles adjacent): what the model makes of the
                 content `fixed` shows it, without any tiered approximation. `plain-compact,local=L`
@@ -41,12 +45,13 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
+from tieredkv.reencode import reencode  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
 FIXED = TieredConfig(position="fixed")
 VARIANTS = ("fixed", "topk=4", "topk=16", "local=32", "stacked", "stacked,topk=12", "stacked,local=32",
-            "needles-only", "plain-compact")
+            "needles-only", "plain-compact", "reencode=8", "needles-only,reencode")
 NEEDLE_TEXT = {"passkey": "pass key", "multikey": "magic number"}
 
 
@@ -55,13 +60,15 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
     (the config whose local_pages the plain model's compact context takes, {"plain-compact"})."""
     kw, flags = {}, set()
     for part in name.split(","):
-        if part in ("stacked", "needles-only", "plain-compact"):
+        if part in ("stacked", "needles-only", "plain-compact", "reencode"):
             flags.add(part)
-        elif part.startswith(("topk=", "local=")):
+        elif part.startswith(("topk=", "local=", "reencode=")):
             field, value = part.split("=")
-            kw["topk_pages" if field == "topk" else "local_pages"] = int(value)
+            kw[{"topk": "topk_pages", "local": "local_pages", "reencode": "reencode_pages"}[field]] = int(value)
         elif part != "fixed":
             raise ValueError(f"unknown variant part {part!r}")
+    if "reencode" in flags and "needles-only" not in flags:
+        raise ValueError("a bare 'reencode' re-encodes the needle pages: use it with needles-only, or reencode=N")
     return dataclasses.replace(FIXED, **kw), flags
 
 
@@ -121,9 +128,12 @@ def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_
                 stack_far_pages(tm.cache)
             if "needles-only" in flags:
                 force_pages(tm.cache, set(needles), replace=True)
+            if "reencode" in flags:
+                reencode(tm.cache, needles)
             tm.cache._write = lambda: None  # the question's pages stay in memory: the store holds the document only
             out = tm.generate(task.question_ids, max_new_tokens=10)
             log = list(tm.cache.retrieval_log)
+            reencoded = sorted(tm.cache.reencoded)
         finally:
             tm.close()
     target = task.needle_pages(tm.page_size)
@@ -133,7 +143,8 @@ def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_
     return out, {"needle_retrieved": sum(bool(target & set(x)) for x in log) / len(log),
                  "other_needle_pages_retrieved_mean": sum(len(others & set(x)) for x in log) / len(log),
                  "other_needle_pages": len(others), "retrieved_pages_mean": sum(map(len, log)) / len(log),
-                 "topk_pages": config.topk_pages, "local_pages": config.local_pages, "flags": sorted(flags)}
+                 "topk_pages": config.topk_pages, "local_pages": config.local_pages, "flags": sorted(flags),
+                 "reencoded_pages": reencoded}
 
 
 def answer_compact(lm, task: Task, needles: list[int], page_size: int, local_pages: int) -> tuple[list[int], dict]:

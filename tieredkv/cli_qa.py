@@ -9,6 +9,10 @@ from pathlib import Path
 
 from tieredkv.cli_common import model_arg, print_json
 
+# Under the fixed policy, re-encode the sink and this many most-retrieved pages before answering
+# (TieredConfig.reencode_pages; measured in bench/placement_sweep.py, see the README).
+QA_REENCODE = 8
+
 
 def _prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int]]:
     """Token ids of (document part, question part) of one chat turn, so the document can be reused."""
@@ -95,8 +99,9 @@ def cmd_qa(a) -> int:
         window = getattr(lm.model.config, "max_position_embeddings", None)
         fits = window is None or len(doc_ids) + len(q_ids) + a.max_new_tokens <= window
         position = "own" if fits or not _can_move_keys(lm.model) else "fixed"
+    reencode = a.reencode_pages if a.reencode_pages is not None else (QA_REENCODE if position == "fixed" else 0)
     config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
-                          topk_pages=a.topk_pages, position=position)
+                          topk_pages=a.topk_pages, position=position, reencode_pages=reencode)
     name = "doc:" + hashlib.sha256(document.encode()).hexdigest()
     t0 = time.perf_counter()
     store_cfg = StoreConfig(lmdb_max_map_size=a.disk_budget, device_budget_bytes=working_set_bytes(lm, config))
@@ -128,11 +133,12 @@ def cmd_qa(a) -> int:
             span = tm.cache.spans[pid]
             text = lm.codec.decode(list(store.get(tm.cache.page_keys[pid]).token_ids))
             top.append({"page": pid, "tokens": [span.start, span.end], "times_retrieved": n, "text": text})
+        reencoded = sorted(tm.cache.reencoded)
         stats = store.stats()
         tm.close()
     report = {"answer": answer, "question": question, "context": how, "position": position, "artifact": art.artifact_id,
               "document_tokens": len(doc_ids), "pages": len(art.page_keys), "context_s": round(t_ctx, 2),
-              "answer_s": round(t_answer, 2), "retrieved_pages": top, "store": store_dir,
+              "answer_s": round(t_answer, 2), "retrieved_pages": top, "reencoded_pages": reencoded, "store": store_dir,
               "tiers": {k: stats[k] for k in ("device", "host", "lmdb")}}
     if a.json:
         print_json(report)
@@ -143,6 +149,8 @@ def cmd_qa(a) -> int:
           f"answer in {t_answer:.1f}s; artifact {art.artifact_id}")
     if not top:
         print("retrieval: the whole context fit the working set (nothing needed retrieving)")
+    if reencoded:
+        print(f"re-encoded for this question (sink and most-retrieved pages): {reencoded}")
     for p in top:
         snippet = " ".join(p["text"].split())[:160]
         print(f"  page {p['page']:4d} tokens {p['tokens'][0]}-{p['tokens'][1]} retrieved {p['times_retrieved']}x: "
@@ -165,6 +173,9 @@ def register(sub) -> None:
     p.add_argument("--sink-pages", type=int, default=1)
     p.add_argument("--local-pages", type=int, default=16)
     p.add_argument("--topk-pages", type=int, help="per KV head (default: 16 under --position own, 8 under fixed)")
+    p.add_argument("--reencode-pages", type=int,
+                   help=f"fixed policy: compute the sink and the N pages the question retrieves most afresh, together, "
+                        f"before answering (default: {QA_REENCODE} under fixed; 0: off)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
     p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")

@@ -105,6 +105,9 @@ class TieredCache(Cache):
         self.fetch_counts = {"device_hits": 0, "fetches": 0}
         self.prefetcher = Prefetcher(store)
         self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
+        # page id -> per layer (K, V), computed afresh at question time (tieredkv/reencode.py); full-attention
+        # layers read these instead of the stored page, and always hold them in their working set
+        self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -181,6 +184,8 @@ class TieredCache(Cache):
 
     # ------------------------------------------------------------------ the working set
     def _page_kv(self, page_id: int, layer: int, pin) -> tuple[torch.Tensor, torch.Tensor]:
+        if page_id in self.reencoded and not self.layers[layer].is_sliding:
+            return self.reencoded[page_id][layer]
         key = self.page_keys[page_id]
         if self._unwritten and page_id >= len(self.page_keys) - len(self._unwritten):
             page = self._unwritten[page_id - (len(self.page_keys) - len(self._unwritten))]
@@ -272,7 +277,7 @@ class TieredCache(Cache):
         exclude = retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)
         found = self.index.union_topk(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
         self.retrieval_log.append(list(found))
-        return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=found)
+        return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=[*found, *self.reencoded])
 
     def _shifts(self, ids: list[int]) -> dict[int, int]:
         if not self.retrieving:

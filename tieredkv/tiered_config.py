@@ -50,6 +50,11 @@ class TieredConfig:
     position: str = "own"
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
+    # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves
+    # (right after ingest or graft), the sink and the `reencode_pages` pages the prompt retrieves
+    # most are computed afresh together, at the positions `fixed` packs them to (tieredkv/reencode.py).
+    # Nothing stored changes. 0 (the default): off.
+    reencode_pages: int = 0
 
     def __post_init__(self):
         from index import SUMMARY_METHODS
@@ -70,6 +75,9 @@ class TieredConfig:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.write_batch < 1:
             raise ValueError("write_batch must be >= 1")
+        if self.reencode_pages < 0 or (self.reencode_pages and self.position != "fixed"):
+            raise ValueError(f"reencode_pages must be >= 0, and is for position='fixed' only "
+                             f"(got {self.reencode_pages} with position={self.position!r})")
 
     @property
     def capacity_pages(self) -> int:
@@ -89,6 +97,7 @@ class TieredConfig:
         """What decides the K/V bytes of pages sealed under this config."""
         d = asdict(self)
         d.pop("write_batch")
+        d.pop("reencode_pages")  # question-time only: the stored pages are the same bytes
         if self.position != "fixed" or self.score_frame == "own":
             # no effect under "own"; "own" is what fixed-policy regimes recorded before the field existed
             d.pop("score_frame")

@@ -131,7 +131,13 @@ class TieredModel:
 
     @torch.inference_mode()
     def generate(self, new_ids: Sequence[int], *, max_new_tokens: int = 32, **kwargs) -> list[int]:
-        """Prefill `new_ids` (page-aligned), then greedy-decode with the model's own `generate()`."""
+        """Prefill `new_ids` (page-aligned), then greedy-decode with the model's own `generate()`.
+        With `config.reencode_pages`, a sealed context that retrieves is first re-encoded for
+        `new_ids` (tieredkv/reencode.py)."""
+        if self.config.reencode_pages and self._sealed_and_retrieving() and not self.cache.reencoded:
+            from tieredkv.reencode import probe, reencode
+
+            reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
         if len(new_ids) > 1:
             self.prefill(list(new_ids)[:-1])
         n = self.num_tokens
@@ -143,6 +149,11 @@ class TieredModel:
                                       max_new_tokens=max_new_tokens, do_sample=False,
                                       pad_token_id=self.lm.codec.eos_token_id, **kwargs)
         return out[0, 1:].tolist()
+
+    def _sealed_and_retrieving(self) -> bool:
+        """Every token is in a sealed page (right after ingest or graft), and more pages than one working set."""
+        layer = self.cache.layers[0]
+        return layer.is_initialized and layer.keys.shape[1] == 0 and self.cache.retrieving
 
     def check_disk_budget(self, num_tokens: int, *, budget_bytes: int | None = None) -> None:
         """Refuse, before any work, a context whose pages would not fit the disk (or `budget_bytes`)."""

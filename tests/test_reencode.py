@@ -1,0 +1,137 @@
+"""Question-time re-encoding (TieredConfig.reencode_pages, fixed policy): which pages, computed how,
+served where, and what it must never touch (the store, contexts that fit, sliding-window layers)."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from test_tiered_model import _ids, tiered
+
+from tieredkv.reencode import probe, reencode
+from tieredkv.rotary import rerotate
+from tieredkv.tiered_config import TieredConfig
+from tieredkv.working_set import fixed_positions
+
+FIXED = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
+
+
+def _store_digest(tm, keys) -> str:
+    h = hashlib.sha256()
+    for key in keys:
+        h.update(tm.store.get(key).to_bytes())
+    return h.hexdigest()
+
+
+def test_reencoded_pages_are_the_model_over_the_packed_pages(tiny_model, tmp_path):
+    """The sink and the chosen far pages are run together through the plain model, in position
+    order, at the positions `fixed` packs them to; keys are kept moved back to their own positions.
+    The stored pages are not touched."""
+    lm = tiny_model("tiny-llama")
+    with tiered(lm, tmp_path, FIXED) as tm:
+        art = tm.ingest(_ids(700, 4))
+        before, n_pages = _store_digest(tm, art.page_keys), len(tm.cache.page_keys)
+        spans, first = tm.cache.spans, tm.cache._local_first()
+        assert reencode(tm.cache, [9, 5, first]) == [0, 5, 9]  # sorted; a local page is not far
+        shifts = fixed_positions(spans, [0, 5, 9], spans[first].start)
+        ids = [t for p in (0, 5, 9) for t in tm.store.get(tm.cache.page_keys[p]).token_ids]
+        start = spans[0].start + shifts[0]
+        ref = lm.model(input_ids=torch.tensor([ids]), position_ids=torch.arange(start, start + len(ids))[None],
+                       use_cache=True).past_key_values
+        at = 0
+        for p in (0, 5, 9):
+            n = spans[p].end - spans[p].start
+            for layer, (k, v) in enumerate(tm.cache.reencoded[p]):
+                k_ref, v_ref = ref.layers[layer].keys[0, :, at:at + n], ref.layers[layer].values[0, :, at:at + n]
+                assert torch.equal(v, v_ref)
+                assert torch.equal(k, rerotate(lm.model, k_ref, -shifts[p], layer))
+            at += n
+        # afresh, not the stored bytes: the last layer of page 9 attended to other pages when it was stored
+        stored_v = tm.store.get(tm.cache.page_keys[9]).layer_kv(1)[1]
+        assert not torch.equal(tm.cache.reencoded[9][1][1], stored_v)
+        assert _store_digest(tm, art.page_keys) == before and len(tm.cache.page_keys) == n_pages
+
+
+def test_generate_reencodes_once_and_every_full_layer_holds_the_pages(tiny_model, tmp_path):
+    lm = tiny_model("tiny-llama")
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed", reencode_pages=3)
+    question = _ids(40, 5)
+    with tiered(lm, tmp_path, cfg) as tm:
+        art = tm.ingest(_ids(700, 4))
+        before = _store_digest(tm, art.page_keys)
+        chosen = probe(tm.cache, question, 3)
+        assert len(chosen) == 3 and all(cfg.sink_pages <= p < tm.cache._local_first() for p in chosen)
+        assert tm.num_tokens == 700 and tm.cache.layers[0].keys.shape[1] == 0  # the probe left no trace
+        tm.generate(question, max_new_tokens=3)
+        assert sorted(tm.cache.reencoded) == [0, *chosen]
+        for layer in range(len(tm.cache.layers)):
+            assert set(chosen) <= set(tm.cache._last_selection[layer])
+        first = dict(tm.cache.reencoded)
+        tm.generate(_ids(10, 6), max_new_tokens=2)  # a follow-up turn: the context is no longer sealed
+        assert tm.cache.reencoded.keys() == first.keys()
+        assert all(tm.cache.reencoded[p] is first[p] for p in first)
+        assert _store_digest(tm, art.page_keys) == before  # the document's pages are untouched
+    # The stored context grafts with its own bytes under either setting. The question's pages written
+    # above attended to re-encoded pages: the same tokens without re-encoding are other bytes under
+    # other keys (a shared key would raise PageConflictError when they are written at close).
+    off = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
+    with tiered(lm, tmp_path, off) as tm:
+        tm.graft(art.artifact_id)
+        tm.generate(question, max_new_tokens=3)
+        assert not tm.cache.reencoded
+
+
+def test_a_context_that_fits_is_never_reencoded(tiny_model, tmp_path):
+    lm = tiny_model("tiny-llama")
+    doc, question = _ids(300, 1), _ids(20, 2)
+    outs = []
+    for i, n in enumerate((0, 4)):
+        cfg = TieredConfig(chunk_pages=1, local_pages=8, topk_pages=4, position="fixed", reencode_pages=n)
+        with tiered(lm, tmp_path / str(i), cfg) as tm:
+            tm.ingest(doc)
+            assert not tm.cache.retrieving
+            outs.append(tm(torch.tensor([question])).logits)
+            assert not tm.cache.reencoded
+    assert torch.equal(*outs)
+
+
+def test_sliding_window_layers_keep_the_stored_page(tiny_model, tmp_path):
+    lm = tiny_model("tiny-gemma3")  # layers 0-1 slide, layer 2 is full attention
+    with tiered(lm, tmp_path, FIXED) as tm:
+        tm.ingest(_ids(700, 4))
+        reencode(tm.cache, [5])
+        stored = tm.store.get(tm.cache.page_keys[5])
+        for layer in range(3):
+            k, _ = tm.cache._page_kv(5, layer, set())
+            if tm.cache.layers[layer].is_sliding:
+                assert torch.equal(k, stored.layer_kv(layer)[0])
+            else:
+                assert k is tm.cache.reencoded[5][layer][0]
+
+
+def test_reencode_is_for_fixed_and_not_part_of_the_regime():
+    with pytest.raises(ValueError, match="reencode_pages"):
+        TieredConfig(reencode_pages=8)  # own positions
+    with pytest.raises(ValueError, match="reencode_pages"):
+        TieredConfig(position="fixed", reencode_pages=-1)
+    on, off = TieredConfig(position="fixed", reencode_pages=8), TieredConfig(position="fixed")
+    assert on.regime_fingerprint("m", 32) == off.regime_fingerprint("m", 32)  # the same stored bytes
+
+
+def test_qa_reencodes_under_fixed_by_default_and_grafts_the_same_artifact(tmp_path, capsys):
+    import json
+
+    from tieredkv.cli import main
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
+    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store",
+            str(tmp_path / "s"), "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json",
+            "--quiet", "--position", "fixed"]
+    assert main(args) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert on["context"] == "ingested" and on["reencoded_pages"][0] == 0 and 2 <= len(on["reencoded_pages"]) <= 9
+    assert main([*args, "--reencode-pages", "0"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["context"].startswith("grafted") and off["artifact"] == on["artifact"]
+    assert off["reencoded_pages"] == []

@@ -1,0 +1,82 @@
+"""Question-time re-encoding (fixed policy; approximate): the pages a prompt retrieves most,
+computed afresh together before the prompt is answered.
+
+A stored page's K/V were computed where the page sits in the document, attending to its own
+neighbourhood. Beyond the window, `fixed` packs the retrieved pages next to each other, but their
+K/V never saw one another: four needles of the same form stay four unrelated islands. Re-encoding
+runs the model's own attention over the sink page and the most-retrieved pages, in position order,
+at the positions `fixed` packs them to, so that each page's K/V are computed with the others
+before it (bench/placement_sweep.py measures what this changes: `reencode`).
+
+    probe      one forward of the prompt over a throwaway cache attached to the same pages:
+               which far pages do the (layer, KV head) selections retrieve most?
+    re-encode  the sink page and those pages, by the plain model, packed right before the local
+               window; keys moved back to their own positions, so that each layer packs them with
+               whatever else it retrieves, as `fixed` packs stored pages.
+
+Re-encoded K/V are never written: they live in the cache (`TieredCache.reencoded`), for this
+context only, on the model's device: N + 1 pages of every layer, whatever the context length.
+Pages sealed after them (the prompt's, the answer's) are keyed under a fingerprint that names the
+re-encoded pages, since their bytes depend on them. Every full-attention layer's working set holds
+the re-encoded pages; sliding-window layers keep reading stored pages at their own positions.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from typing import Sequence
+
+import torch
+
+from tieredkv import attention
+from tieredkv.working_set import fixed_positions
+
+
+def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
+    """At most `count` far pages: those that one forward of `prompt_ids` retrieves in most (layer,
+    KV head) selections (ties: the earlier page), over a throwaway copy of `cache`'s sealed context."""
+    from tieredkv.tiered_cache import TieredCache
+
+    shadow = TieredCache(cache.model, cache.store, cache.config, fingerprint=cache.fingerprint,
+                         page_size=cache.page_size)
+    shadow.attach(cache.page_keys, cache.spans, cache.layout, cache.index)
+    model = cache.model
+    try:
+        # One forward: its own tokens are never sealed, so the shared index is not touched.
+        with attention.activate(shadow), torch.inference_mode():
+            model(input_ids=torch.tensor([list(prompt_ids)], device=model.device), past_key_values=shadow,
+                  use_cache=True, logits_to_keep=1)
+    finally:
+        shadow.close()
+    votes = collections.Counter(p for sel in shadow.retrieval_log for p in sel)
+    return sorted(sorted(votes, key=lambda p: (-votes[p], p))[:count])
+
+
+def reencode(cache, pages: Sequence[int]) -> list[int]:
+    """Compute the sink pages and `pages` (those before the local window) afresh, together, and
+    install their K/V in `cache.reencoded`. Returns the page ids re-encoded (position order)."""
+    from tieredkv.rotary import rerotate
+
+    spans, first = cache.spans, cache._local_first()
+    far = sorted({*range(min(cache.config.sink_pages, first)), *(int(p) for p in pages if int(p) < first)})
+    if not far:
+        return []
+    shifts = fixed_positions(spans, far, spans[first].start)
+    ids = [t for p in far for t in cache.store.get(cache.page_keys[p]).token_ids]  # verified pages
+    start = spans[far[0]].start + shifts[far[0]]
+    model = cache.model
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids], device=model.device),
+                    position_ids=torch.arange(start, start + len(ids), device=model.device)[None],
+                    use_cache=True, logits_to_keep=1)
+    layers, at = out.past_key_values.layers, 0
+    for p in far:
+        n = spans[p].end - spans[p].start
+        cache.reencoded[p] = [(rerotate(model, x.keys[0, :, at:at + n], -shifts[p], i), x.values[0, :, at:at + n])
+                              for i, x in enumerate(layers)]
+        at += n
+    # Pages sealed from here on attend to these K/V, not the stored ones: other bytes, so other keys.
+    blob = json.dumps({"regime": cache.fingerprint, "reencoded": far}, sort_keys=True)
+    cache.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
+    return far
