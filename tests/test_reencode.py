@@ -135,3 +135,16 @@ def test_qa_reencodes_under_fixed_by_default_and_grafts_the_same_artifact(tmp_pa
     off = json.loads(capsys.readouterr().out)
     assert off["context"].startswith("grafted") and off["artifact"] == on["artifact"]
     assert off["reencoded_pages"] == []
+
+
+def test_qa_refuses_reencoding_under_own_positions(tmp_path, capsys):
+    from tieredkv.cli import main
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha. " * 50)
+    base = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What?", "--store", str(tmp_path / "s"),
+            "--quiet"]
+    assert main([*base, "--position", "own", "--reencode-pages", "4"]) == 2
+    assert "--position fixed" in capsys.readouterr().err
+    assert main([*base, "--position", "fixed", "--reencode-pages", "-1"]) == 2
+    assert not (tmp_path / "s").exists()  # refused before any store or model work

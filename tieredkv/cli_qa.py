@@ -80,7 +80,7 @@ class _IngestBar:
 def cmd_qa(a) -> int:
     from paging import PageStore, StoreConfig
     from tieredkv.corpus import DEFAULT_QUESTION, default_document
-    from tieredkv.errors import EmptyInputError
+    from tieredkv.errors import EmptyInputError, TieredKVError
     from tieredkv.models import cache_dir, load_model
     from tieredkv.tiered_config import TieredConfig
     from tieredkv.tiered_model import TieredModel, working_set_bytes
@@ -99,6 +99,10 @@ def cmd_qa(a) -> int:
         window = getattr(lm.model.config, "max_position_embeddings", None)
         fits = window is None or len(doc_ids) + len(q_ids) + a.max_new_tokens <= window
         position = "own" if fits or not _can_move_keys(lm.model) else "fixed"
+    if a.reencode_pages is not None and (a.reencode_pages < 0 or (a.reencode_pages and position != "fixed")):
+        raise TieredKVError(f"--reencode-pages {a.reencode_pages}: re-encoding takes N >= 0 and runs under the fixed "
+                            f"policy only; this context runs under {position} positions. Pass --position fixed, "
+                            "or drop --reencode-pages.")
     reencode = a.reencode_pages if a.reencode_pages is not None else (QA_REENCODE if position == "fixed" else 0)
     config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
                           topk_pages=a.topk_pages, position=position, reencode_pages=reencode)
