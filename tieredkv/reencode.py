@@ -9,7 +9,8 @@ at the positions `fixed` packs them to, so that each page's K/V are computed wit
 before it (bench/placement_sweep.py measures what this changes: `reencode`).
 
     probe      one forward of the prompt over a throwaway cache attached to the same pages:
-               which far pages do the (layer, KV head) selections retrieve most?
+               which far pages do the most layers retrieve (a layer's selection is the
+               union of its KV heads' top-k)?
     re-encode  the sink page and those pages, by the plain model, packed right before the local
                window; keys moved back to their own positions, so that each layer packs them with
                whatever else it retrieves, as `fixed` packs stored pages.
@@ -34,8 +35,9 @@ from tieredkv.working_set import fixed_positions
 
 
 def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
-    """At most `count` far pages: those that one forward of `prompt_ids` retrieves in most (layer,
-    KV head) selections (ties: the earlier page), over a throwaway copy of `cache`'s sealed context."""
+    """At most `count` far pages: those that the most layers' selections (each the union over KV
+    heads) retrieve in one forward of `prompt_ids` (ties: the earlier page), over a throwaway copy
+    of `cache`'s sealed context."""
     from tieredkv.tiered_cache import TieredCache
 
     shadow = TieredCache(cache.model, cache.store, cache.config, fingerprint=cache.fingerprint,
