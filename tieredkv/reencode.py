@@ -24,8 +24,6 @@ the re-encoded pages; sliding-window layers keep reading stored pages at their o
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 from typing import Sequence
 
 import torch
@@ -72,13 +70,11 @@ def reencode(cache, pages: Sequence[int]) -> list[int]:
         out = model(input_ids=torch.tensor([ids], device=model.device),
                     position_ids=torch.arange(start, start + len(ids), device=model.device)[None],
                     use_cache=True, logits_to_keep=1)
-    layers, at = out.past_key_values.layers, 0
+    layers, at, fresh = out.past_key_values.layers, 0, {}
     for p in far:
         n = spans[p].end - spans[p].start
-        cache.reencoded[p] = [(rerotate(model, x.keys[0, :, at:at + n], -shifts[p], i), x.values[0, :, at:at + n])
-                              for i, x in enumerate(layers)]
+        fresh[p] = [(rerotate(model, x.keys[0, :, at:at + n], -shifts[p], i), x.values[0, :, at:at + n])
+                    for i, x in enumerate(layers)]
         at += n
-    # Pages sealed from here on attend to these K/V, not the stored ones: other bytes, so other keys.
-    blob = json.dumps({"regime": cache.fingerprint, "reencoded": far}, sort_keys=True)
-    cache.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
+    cache.adopt_reencoded(fresh)
     return far

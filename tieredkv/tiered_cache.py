@@ -11,6 +11,8 @@ never the working-set size.
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 from typing import Any, Sequence
 
 import numpy as np
@@ -181,6 +183,14 @@ class TieredCache(Cache):
             layer.keys = torch.empty(shape, dtype=layout.torch_dtype, device=layer.device)
             layer.values = torch.empty(shape, dtype=layout.torch_dtype, device=layer.device)
             layer.is_initialized = True
+
+    def adopt_reencoded(self, kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """Serve `kv` (page id -> per layer (K, V), tieredkv/reencode.py) to full-attention layers in
+        place of the stored pages. Pages sealed from here on attend to them, not to the stored bytes:
+        other bytes, so their keys hash a fingerprint that names the re-encoded pages."""
+        self.reencoded.update(kv)
+        blob = json.dumps({"regime": self.fingerprint, "reencoded": sorted(self.reencoded)}, sort_keys=True)
+        self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     # ------------------------------------------------------------------ the working set
     def _page_kv(self, page_id: int, layer: int, pin) -> tuple[torch.Tensor, torch.Tensor]:
