@@ -6,7 +6,7 @@
 
 The script writes bench/results/fault_suite.json and renders docs/RELIABILITY.md from it: the
 Reliability table is the suite's own output, never typed by hand. The fast versions of the same
-checks are tests (tests/test_faults_*.py); the fault logic lives in tests/_fault_children.py and
+checks are tests (tests/test_faults_*.py); the fault logic lives in testkit/faults.py and
 is shared by both.
 
 Columns: tries (injections), ok (detected with a typed error, or survived with every invariant
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import torch  # noqa: E402
 
 from common import environment, markdown_table, write_report  # noqa: E402
-from tests import _fault_children as fc  # noqa: E402
+from testkit import faults as fc  # noqa: E402
 
 TYPED = {"ArtifactFormatError", "ArtifactTruncatedError", "ArtifactVersionError", "ArtifactIntegrityError"}
 FULL = dict(deposit_kills=120, export_kills=60, payload_flips=2000, lmdb_flips=300, data_truncations=500,
@@ -75,7 +75,7 @@ class World:
     def __init__(self, root: Path) -> None:
         from paging import PageStore
         from tieredkv.models import load_model
-        from tieredkv.portable import export_artifact
+        from tieredkv.artifacts.portable import export_artifact
 
         torch.set_num_threads(1)  # NOTE: the box is shared; one thread is much faster for tiny models
         self.root = root
@@ -186,7 +186,7 @@ def lmdb_flips(world: World, n: int, rng: random.Random) -> dict[str, Any]:
 
 
 def truncations(world: World, n_data: int, rng: random.Random) -> dict[str, Any]:
-    from tieredkv.artifact_file import PREFIX
+    from tieredkv.artifacts.file_format import PREFIX
 
     data = world.small_file
     end = PREFIX.size + PREFIX.unpack_from(data)[2]
@@ -212,10 +212,10 @@ def hostile(world: World) -> dict[str, Any]:
 def identity(world: World) -> dict[str, Any]:
     """Wrong model, wrong format versions, wrong determinism domain: refused, with the reason."""
     from paging import PageStore
-    from tieredkv.artifact_file import FILE_VERSION, PREFIX
+    from tieredkv.artifacts.file_format import FILE_VERSION, PREFIX
     from tieredkv.domain import determinism_domain
     from tieredkv.models import load_model
-    from tieredkv.portable import import_artifact
+    from tieredkv.artifacts.portable import import_artifact
 
     data = world.small_file
     other = load_model("tiny-qwen2")
@@ -292,7 +292,7 @@ def disk_full(world: World, n_limits: int) -> dict[str, Any]:
 
 def tmpfs_cases(world: World) -> list[dict[str, Any]]:
     from paging import PageStore
-    from tieredkv.portable import export_artifact, import_artifact
+    from tieredkv.artifacts.portable import export_artifact, import_artifact
 
     mnt = world.root / "tmpfs"
     mnt.mkdir(exist_ok=True)
@@ -329,7 +329,7 @@ def tmpfs_cases(world: World) -> list[dict[str, Any]]:
 
 def map_full(world: World) -> dict[str, Any]:
     from paging import PageStore
-    from tieredkv.portable import import_artifact
+    from tieredkv.artifacts.portable import import_artifact
 
     results = []
     store = world.root / "map-store"

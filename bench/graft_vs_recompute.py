@@ -35,7 +35,7 @@ from common import (drop_file_cache, environment, markdown_table, memcpy_bytes_p
                     resident_fraction, sha256_bytes_per_s, sha256_ids, timed, write_report)
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifact import deposit, graft, prefill  # noqa: E402
+from tieredkv.artifacts.artifact import deposit, graft, prefill  # noqa: E402
 from tieredkv.corpus import python_reference, text_sha256  # noqa: E402
 from tieredkv.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifact import graft, grafted_token_ids, load_artifact  # noqa: E402
+from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact  # noqa: E402
 from tieredkv.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.library import Library, answer_plain  # noqa: E402
+from tieredkv.library.solutions import Library, answer_plain  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
-from tieredkv.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,  # noqa: E402
+from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,  # noqa: E402
                                 normalize_text)
 
 COUNTRIES = ["Velmora", "Drustan", "Korvia", "Amberlund", "Tessaly", "Orvane", "Quenthia", "Marrowind",
@@ -165,7 +165,7 @@ def base_logits_sha(lm, problem: str) -> str:
     """Logits (all positions) of the bare model's canonical prefill of the chat-formatted problem."""
     from transformers import DynamicCache
 
-    from tieredkv.artifact import prefill
+    from tieredkv.artifacts.artifact import prefill
 
     out = []
     prefill(lm, lm.codec.chat_prompt(problem), DynamicCache(config=lm.model.config), page_size=lm.default_page_size,

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifact import prefill  # noqa: E402
+from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.corpus import python_reference  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402

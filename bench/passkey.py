@@ -24,7 +24,7 @@ from report import environment, write_report  # noqa: E402
 from longctx_tasks import TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifact import prefill  # noqa: E402
+from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402

@@ -164,7 +164,7 @@ def _split_bytes(batch: list[int], wire: list[bytes], cap: int = 64 << 20):
 def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
     from transformers import DynamicCache
 
-    from tieredkv.artifact import deposit, graft, prefill
+    from tieredkv.artifacts.artifact import deposit, graft, prefill
     from tieredkv.corpus import python_reference, text_sha256
     from tieredkv.domain import domain_id, determinism_domain, sha256_ids, sha256_tensor
     from tieredkv.models import load_model
@@ -264,7 +264,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tieredkv-bench-remote-") as tmp:
         server = None
         if args.url is None:
-            from tests.redis_server import RedisServer
+            from testkit.redis_server import RedisServer
 
             server = RedisServer(Path(tmp) / "redis").start()
             url = server.url

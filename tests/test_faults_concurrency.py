@@ -1,7 +1,7 @@
 """Four processes read while one writes (spawn): every read verifies, no artifact is seen half-written."""
 from __future__ import annotations
 
-from tests._fault_children import audit_store, run_readers_and_writer
+from testkit.faults import audit_store, run_readers_and_writer
 
 
 def test_four_readers_and_a_writer(tmp_path):

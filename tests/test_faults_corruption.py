@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from paging import PageStore
-from tests._fault_children import (PAGE_SIZE, corpus_text, header_flip_outcomes, hostile_outcomes,
+from testkit.faults import (PAGE_SIZE, corpus_text, header_flip_outcomes, hostile_outcomes,
                                    lmdb_flip_outcome, parse_outcome, payload_flip_outcomes, store_config,
                                    truncation_outcomes)
-from tieredkv.artifact import deposit
-from tieredkv.artifact_file import PREFIX
+from tieredkv.artifacts.artifact import deposit
+from tieredkv.artifacts.file_format import PREFIX
 from tieredkv.models import load_model
-from tieredkv.portable import export_artifact, import_artifact, read_header
+from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header
 
 TYPED = {"ArtifactFormatError", "ArtifactTruncatedError", "ArtifactVersionError", "ArtifactIntegrityError"}
 
@@ -52,7 +52,7 @@ def test_flipped_payload_bits_are_detected(source):
 
 
 def test_a_payload_flip_leaves_the_target_store_untouched(source, tmp_path):
-    from tests._fault_children import flipped
+    from testkit.faults import flipped
 
     h = source["header"]
     bad = tmp_path / "bad.tkva"

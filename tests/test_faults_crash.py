@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from paging import PageStore
-from tests._fault_children import (PAGE_SIZE, ForkRunner, corpus_text, deposit_kill_run, export_kill_run,
+from testkit.faults import (PAGE_SIZE, ForkRunner, corpus_text, deposit_kill_run, export_kill_run,
                                    make_store, stale_reader_reclaimed, store_config)
 from tieredkv.models import load_model
-from tieredkv.portable import export_artifact
+from tieredkv.artifacts.portable import export_artifact
 
 
 @pytest.fixture(scope="module")

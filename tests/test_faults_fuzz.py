@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paging import PageStore
-from tests._fault_children import PAGE_SIZE, corpus_text, mutate, store_config
-from tieredkv.artifact import deposit
-from tieredkv.artifact_file import MAGIC, PREFIX, ArtifactFormatError
+from testkit.faults import PAGE_SIZE, corpus_text, mutate, store_config
+from tieredkv.artifacts.artifact import deposit
+from tieredkv.artifacts.file_format import MAGIC, PREFIX, ArtifactFormatError
 from tieredkv.models import load_model
-from tieredkv.portable import export_artifact, verify_file
+from tieredkv.artifacts.portable import export_artifact, verify_file
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

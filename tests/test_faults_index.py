@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from paging import PageStore
-from tests._fault_children import (INDEX_DAMAGES, PAGE_SIZE, corpus_text, index_fault_run, search_results,
+from testkit.faults import (INDEX_DAMAGES, PAGE_SIZE, corpus_text, index_fault_run, search_results,
                                    store_config, tiered_config)
 from tieredkv.models import load_model
-from tieredkv.portable import export_artifact, import_artifact
+from tieredkv.artifacts.portable import export_artifact, import_artifact
 from tieredkv.tiered_model import TieredModel
 
 

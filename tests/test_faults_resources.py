@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from paging import PageStore, StoreFullError
-from tests._fault_children import (PAGE_SIZE, ForkRunner, audit_store, corpus_text, fsize_target, make_store,
+from testkit.faults import (PAGE_SIZE, ForkRunner, audit_store, corpus_text, fsize_target, make_store,
                                    store_config)
 from tieredkv.models import load_model
-from tieredkv.portable import ArtifactWriteError, export_artifact, import_artifact
+from tieredkv.artifacts.portable import ArtifactWriteError, export_artifact, import_artifact
 
 STORE_ERRORS = {"StoreFullError", "PagingError"}
 

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from paging import PageStore
-from tests._graft_child import fresh_logits
-from tieredkv.artifact import graft, grafted_token_ids
+from testkit.graft_child import fresh_logits
+from tieredkv.artifacts.artifact import graft, grafted_token_ids
 from tieredkv.corpus import python_reference
 from tieredkv.domain import sha256_tensor
 
-CHILD = Path(__file__).with_name("_graft_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "testkit" / "graft_child.py"
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 # ASCII, so byte tokens == characters; 96 tokens = 3 full pages of tiny-llama
 TEXT = python_reference().encode("ascii", "ignore").decode()[:96]

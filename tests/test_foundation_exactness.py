@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from paging import PageStore, StoreConfig
-from tests._graft_child import fresh_logits, grafted_logits
-from tieredkv.artifact import deposit
+from testkit.graft_child import fresh_logits, grafted_logits
+from tieredkv.artifacts.artifact import deposit
 from tieredkv.corpus import python_reference
 from tieredkv.domain import sha256_tensor
 from tieredkv.errors import UnsupportedModelError

@@ -15,8 +15,8 @@ import lmdb
 import pytest
 
 from paging import CorruptPageError, PageNotFoundError, PageStore, StoreConfig
-from tests._graft_child import fresh_logits, grafted_logits
-from tieredkv.artifact import Artifact, deposit, graft, load_artifact
+from testkit.graft_child import fresh_logits, grafted_logits
+from tieredkv.artifacts.artifact import Artifact, deposit, graft, load_artifact
 from tieredkv.corpus import python_reference
 from tieredkv.domain import sha256_tensor
 from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError

@@ -12,10 +12,10 @@ import pytest
 
 from paging import PageStore, StoreConfig
 from tieredkv.errors import EmptyInputError
-from tieredkv.library import Library, SolutionRejectedError
-from tieredkv.library_store import CorruptLibraryError, problem_sha256
+from tieredkv.library.solutions import Library, SolutionRejectedError
+from tieredkv.library.entries import CorruptLibraryError, problem_sha256
 from tieredkv.tiered_config import TieredConfig
-from tieredkv.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, FunctionVerifier, VerifierIdentityError,
+from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, FunctionVerifier, VerifierIdentityError,
                                 load_verifier, verifier_identity)
 
 CONFIG = TieredConfig(local_pages=2, topk_pages=2)
@@ -187,7 +187,7 @@ def test_tampered_entry_is_detected(lm, tmp_path):
 
 
 def test_missing_pages_are_recomputed_from_the_verified_entry(lm, tmp_path):
-    from tieredkv.artifact import load_artifact
+    from tieredkv.artifacts.artifact import load_artifact
 
     with opened(lm, tmp_path) as lib:
         entry = lib.add("What is 12 + 7?", "19", ArithmeticVerifier())

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from paging import PageStore
-from tests._fault_children import PAGE_SIZE, corpus_text, flip_file_bit, flip_lmdb_value_bit, store_config
-from tieredkv.artifact import deposit
+from testkit.faults import PAGE_SIZE, corpus_text, flip_file_bit, flip_lmdb_value_bit, store_config
+from tieredkv.artifacts.artifact import deposit
 from tieredkv.cli import main
 from tieredkv.models import load_model
-from tieredkv.portable import read_header
+from tieredkv.artifacts.portable import read_header
 
 
 @pytest.fixture(scope="module")

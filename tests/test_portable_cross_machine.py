@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests._fault_children import corpus_text, run_child
+from testkit.faults import corpus_text, run_child
 
 
 def _cross(tmp_path, model: str, prefix: str, continuation: str, page_size: int, *, cache1: str | None = None,

@@ -9,14 +9,14 @@ import torch
 
 from paging import Page, PageConflictError, PageStore
 from paging.errors import CorruptPageError
-from tests._fault_children import (PAGE_SIZE, continuation_logits, corpus_text, flip_lmdb_value_bit,
+from testkit.faults import (PAGE_SIZE, continuation_logits, corpus_text, flip_lmdb_value_bit,
                                    rewrite_header, store_config)
-from tieredkv.artifact import deposit, graft, load_pages
-from tieredkv.artifact_file import FILE_VERSION, PREFIX, ArtifactFormatError, ArtifactVersionError
+from tieredkv.artifacts.artifact import deposit, graft, load_pages
+from tieredkv.artifacts.file_format import FILE_VERSION, PREFIX, ArtifactFormatError, ArtifactVersionError
 from tieredkv.domain import determinism_domain, sha256_tensor
 from tieredkv.errors import ArtifactNotFoundError, DomainMismatchError, ModelMismatchError, TieredKVError
 from tieredkv.models import load_model
-from tieredkv.portable import export_artifact, import_artifact, read_header, verify_file
+from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header, verify_file
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from paging import PageStore, StoreConfig
-from tests.redis_server import redis_server  # noqa: F401  (fixture)
+from testkit.redis_server import redis_server  # noqa: F401  (fixture)
 from tests.test_remote_tier import FP, LAYOUT, make_chain
-from tieredkv.artifact import Artifact
+from tieredkv.artifacts.artifact import Artifact
 from tieredkv.cli import main
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from paging import (CorruptPageError, PageNotFoundError, PageStore, RemoteTier,
                     RemoteTierWarning, RemoteUnavailableError, StoreConfig)
-from tests.redis_server import RedisCluster3, requires_server
+from testkit.redis_server import RedisCluster3, requires_server
 from tests.test_remote_tier import FP, make_chain
 
 pytestmark = requires_server

@@ -15,8 +15,8 @@ import torch
 from transformers import DynamicCache
 
 from paging import PageNotFoundError, PageStore, RemoteTierWarning, StoreConfig
-from tests.redis_server import RedisServer, redis_server, requires_server  # noqa: F401
-from tieredkv.artifact import deposit, graft, load_artifact, prefill
+from testkit.redis_server import RedisServer, redis_server, requires_server  # noqa: F401
+from tieredkv.artifacts.artifact import deposit, graft, load_artifact, prefill
 from tieredkv.corpus import python_reference
 from tieredkv.domain import sha256_tensor
 
@@ -29,7 +29,7 @@ import json, sys
 import torch
 from transformers import DynamicCache
 from paging import PageStore, StoreConfig
-from tieredkv.artifact import deposit, graft, load_artifact, prefill
+from tieredkv.artifacts.artifact import deposit, graft, load_artifact, prefill
 from tieredkv.corpus import python_reference
 from tieredkv.domain import sha256_tensor
 from tieredkv.models import load_model

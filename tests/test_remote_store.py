@@ -11,7 +11,7 @@ import torch
 
 from paging import (ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page, PageLayout,
                     PageNotFoundError, PageStore, PagingError, RemoteTierWarning, StoreConfig)
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)

@@ -12,7 +12,7 @@ import torch
 from paging import (FORMAT_VERSION, ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page,
                     PageConflictError, PageLayout, PagingError, RemoteConfig, RemoteError,
                     RemoteTier, RemoteUnavailableError)
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 FP, FP2 = "ab" * 32, "cd" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)  # 256 payload bytes per page

@@ -18,7 +18,7 @@ import torch
 from index import IndexStaleError, PageIndex
 from paging import PageLayout, PageStore
 from tieredkv import attention
-from tieredkv.artifact import Artifact, artifact_id, bind_store, load_artifact
+from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads

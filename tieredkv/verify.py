@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from paging import PageStore, StoreConfig
-from tieredkv.artifact import deposit, graft, prefill
+from tieredkv.artifacts.artifact import deposit, graft, prefill
 from tieredkv.corpus import python_reference, text_sha256
 from tieredkv.domain import determinism_domain, domain_id, sha256_ids, sha256_tensor
 from tieredkv.errors import EmptyInputError

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli_common import model_arg, print_json
+from tieredkv.cli.common import model_arg, print_json
 
 # Under the fixed policy, re-encode the sink and this many most-retrieved pages before answering
 # (TieredConfig.reencode_pages; measured in bench/placement_sweep.py, see the README).
@@ -40,7 +40,7 @@ def _can_move_keys(model) -> bool:
 
 
 def _find_artifact(store, name: str, regime: dict):
-    from tieredkv.artifact import Artifact
+    from tieredkv.artifacts.artifact import Artifact
 
     for art_id in store.list_manifests():
         art = Artifact.from_json(store.get_manifest(art_id))

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 
-from tieredkv.cli_common import model_arg, open_store, print_json
+from tieredkv.cli.common import model_arg, open_store, print_json
 
 
 def cmd_export(a) -> int:
-    from tieredkv.portable import export_artifact
+    from tieredkv.artifacts.portable import export_artifact
     from tieredkv.progress import count_bar
 
     with open_store(a.store) as store, count_bar("export", None, unit="page", quiet=a.quiet) as bar:
@@ -25,7 +25,7 @@ def cmd_export(a) -> int:
 
 
 def cmd_import(a) -> int:
-    from tieredkv.portable import import_artifact, read_header
+    from tieredkv.artifacts.portable import import_artifact, read_header
     from tieredkv.progress import count_bar
 
     expected_fp = expected_domain = None
@@ -46,7 +46,7 @@ def cmd_import(a) -> int:
 
 
 def cmd_check(a) -> int:
-    from tieredkv.store_check import check_store
+    from tieredkv.artifacts.check import check_store
 
     with open_store(a.store) as store:
         report = check_store(store, sample=a.sample, seed=a.seed)

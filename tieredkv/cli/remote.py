@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from tieredkv.cli_common import print_json
+from tieredkv.cli.common import print_json
 
 
 def _tier(url: str):
@@ -43,8 +43,8 @@ def cmd_ls(a) -> int:
 
 
 def cmd_push(a) -> int:
-    from tieredkv.artifact import load_artifact
-    from tieredkv.cli_common import open_store
+    from tieredkv.artifacts.artifact import load_artifact
+    from tieredkv.cli.common import open_store
 
     t = time.perf_counter()
     tier = _tier(a.remote)
@@ -69,7 +69,7 @@ def cmd_push(a) -> int:
 
 def cmd_pull(a) -> int:
     from paging import PageStore, StoreConfig
-    from tieredkv.artifact import load_artifact
+    from tieredkv.artifacts.artifact import load_artifact
 
     t = time.perf_counter()
     with PageStore(a.store, StoreConfig(remote=a.remote)) as store:

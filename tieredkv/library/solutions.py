@@ -21,12 +21,12 @@ from transformers import DynamicCache
 
 from paging import PageStore
 from paging.errors import CorruptPageError, PageNotFoundError
-from tieredkv.artifact import deposit, graft, grafted_token_ids, load_artifact, prefill
+from tieredkv.artifacts.artifact import deposit, graft, grafted_token_ids, load_artifact, prefill
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, TieredKVError
-from tieredkv.library_store import LibraryEntry, LibraryIndex, problem_sha256
+from tieredkv.library.entries import LibraryEntry, LibraryIndex, problem_sha256
 from tieredkv.models import LoadedModel
 from tieredkv.tiered_config import TieredConfig
-from tieredkv.verifiers import Verdict, as_verifier, verifier_identity
+from tieredkv.library.verifiers import Verdict, as_verifier, verifier_identity
 
 __all__ = ["Library", "LibraryEntry", "SolveResult", "SolutionRejectedError", "answer_plain", "problem_sha256"]
 

@@ -1,16 +1,16 @@
-"""`tieredkv library add|solve|list` (verified solutions) and `tieredkv recheck` (re-run a report's hashes)."""
+"""`tieredkv library add|solve|list`: verified solutions."""
 from __future__ import annotations
 
 import sys
 
-from tieredkv.cli_common import model_arg, open_store, print_json
+from tieredkv.cli.common import model_arg, open_store, print_json
 
 VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> answer) or `package.module:name` "
                  "(a Verifier class or instance, or a function (problem, solution) -> bool)")
 
 
 def _library(a, store):
-    from tieredkv.library import Library
+    from tieredkv.library.solutions import Library
     from tieredkv.models import load_model
 
     return Library(load_model(a.model), store, name=a.library, max_new_tokens=a.max_new_tokens,
@@ -18,7 +18,7 @@ def _library(a, store):
 
 
 def cmd_add(a) -> int:
-    from tieredkv.verifiers import load_verifier
+    from tieredkv.library.verifiers import load_verifier
 
     verifier = load_verifier(a.verifier)
     with open_store(a.store) as store:
@@ -28,7 +28,7 @@ def cmd_add(a) -> int:
 
 
 def cmd_solve(a) -> int:
-    from tieredkv.verifiers import load_verifier
+    from tieredkv.library.verifiers import load_verifier
 
     verifier = load_verifier(a.verifier)
     with open_store(a.store) as store:
@@ -44,7 +44,7 @@ def cmd_solve(a) -> int:
 
 
 def cmd_list(a) -> int:
-    from tieredkv.library_store import LibraryIndex
+    from tieredkv.library.entries import LibraryIndex
 
     with open_store(a.store) as store:
         index = LibraryIndex(store, a.library)
@@ -59,17 +59,6 @@ def cmd_list(a) -> int:
         solution = " ".join(e.solution.split())
         print(f"  {e.problem_sha256[:12]}  [{e.source}, {e.verifier['name']}]  {problem[:60]!r} -> {solution[:60]!r}")
     return 0
-
-
-def cmd_recheck(a) -> int:
-    from tieredkv.recheck import format_table, recheck
-
-    result = recheck(a.report, allow_domain_mismatch=a.allow_domain_mismatch)
-    if a.json:
-        print_json(result.to_dict())
-    else:
-        print(format_table(result, only_failures=a.failures_only))
-    return 0 if result.ok else 1
 
 
 def register(sub) -> None:
@@ -103,11 +92,3 @@ def register(sub) -> None:
     p = lsub.add_parser("list", help="the library's verified entries")
     common(p, model=False)
     p.set_defaults(fn=cmd_list)
-
-    r = sub.add_parser("recheck", help="re-run a report's recipe and confirm its committed output hashes")
-    r.add_argument("report", help="a report JSON with a \"recheck\" block, or `tieredkv verify --json --rows` output")
-    r.add_argument("--allow-domain-mismatch", action="store_true",
-                   help="re-run even if the report's determinism domain differs (no guarantee then)")
-    r.add_argument("--failures-only", action="store_true", help="list only the hashes that differ")
-    r.add_argument("--json", action="store_true")
-    r.set_defaults(fn=cmd_recheck)

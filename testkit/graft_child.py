@@ -1,6 +1,6 @@
 """Helpers for the foundation tests, also runnable as a child process.
 
-    python tests/_graft_child.py --model M --store DIR --artifact ID --continuation TEXT
+    python testkit/graft_child.py --model M --store DIR --artifact ID --continuation TEXT
 
 grafts the artifact (in this fresh process), prefills the continuation after it with the
 canonical schedule and prints JSON with the SHA-256 of the continuation's logits.
@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from tieredkv.artifact import graft, prefill
+from tieredkv.artifacts.artifact import graft, prefill
 from tieredkv.domain import sha256_tensor
 from tieredkv.models import LoadedModel
 

@@ -18,7 +18,7 @@ from transformers import DynamicCache
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, page_key
 from paging.errors import CorruptPageError, ManifestNotFoundError
-from tieredkv.capture import CaptureCache
+from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
 from tieredkv.models import LoadedModel

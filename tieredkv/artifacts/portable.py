@@ -5,7 +5,7 @@
     import:  file ──header (bounded, hashed)──> pass 1: every page verified, chain, tokens,
                    model, domain, conflicts ──> pass 2: pages in batches ──> manifest (last)
 
-The file format is in artifact_file.py. Pages stream one at a time (a background thread
+The file format is in file_format.py. Pages stream one at a time (a background thread
 reads the next one while the current one is hashed or written), so an artifact of many GB
 never sits whole in memory.
 
@@ -29,9 +29,9 @@ import psutil
 from paging import ROOT_KEY, Page, PageLayout, PageStore
 from paging.page import is_valid_page
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
-from tieredkv.artifact import STORE_FINGERPRINT_META, Artifact, artifact_id, load_artifact
-from tieredkv.artifact import chain_fingerprint as _chain_fingerprint
-from tieredkv.artifact_file import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
+from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, artifact_id, load_artifact
+from tieredkv.artifacts.artifact import chain_fingerprint as _chain_fingerprint
+from tieredkv.artifacts.file_format import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
                                     ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
                                     encode_header, iter_page_blobs, read_header, read_token_ids)
 from tieredkv.domain import check_domain, sha256_ids

@@ -1,7 +1,7 @@
 """Helpers of the fault tests and of bench/fault_suite.py: child processes, audits, corruptions.
 
 Child processes come in three kinds:
-  * `python tests/_fault_children.py CMD ...` — fresh interpreters (cross-machine, RLIMIT_FSIZE);
+  * `python testkit/faults.py CMD ...` — fresh interpreters (cross-machine, RLIMIT_FSIZE);
   * multiprocessing `spawn` targets (`reader_main`, `writer_main`, `hold_reader_main`);
   * `ForkRunner`: a forkserver that has imported torch and transformers but run nothing, so
     a child that is killed with SIGKILL costs a fork, not an interpreter start.
@@ -48,7 +48,7 @@ def audit_store(path: str | os.PathLike) -> dict[str, Any]:
     `partial` lists manifests whose pages do not all load (must never happen).
     """
     from paging import PageStore
-    from tieredkv.artifact import load_artifact, load_pages
+    from tieredkv.artifacts.artifact import load_artifact, load_pages
 
     with PageStore(path, store_config()) as store:
         report = store.check()
@@ -100,7 +100,7 @@ def flip_lmdb_value_bit(store_path: str | os.PathLike, key: str, bit: int, db: s
 
 def rewrite_header(data: bytes, mutate, *, version: int | None = None) -> bytes:
     """An artifact file whose header `mutate(dict)` changed, re-hashed so only the change is wrong."""
-    from tieredkv.artifact_file import PREFIX, canonical_json
+    from tieredkv.artifacts.file_format import PREFIX, canonical_json
 
     magic, file_version, n = PREFIX.unpack_from(data)
     hdr = json.loads(data[PREFIX.size:PREFIX.size + n])
@@ -159,8 +159,8 @@ def parse_outcome(data, *, header_only: bool = False) -> str:
     `data`: the file's bytes, or a seekable binary file."""
     import io
 
-    from tieredkv.artifact_file import ArtifactFormatError
-    from tieredkv.portable import read_header, verify_file
+    from tieredkv.artifacts.file_format import ArtifactFormatError
+    from tieredkv.artifacts.portable import read_header, verify_file
 
     try:
         (read_header if header_only else verify_file)(io.BytesIO(data) if isinstance(data, bytes) else data)
@@ -199,7 +199,7 @@ def mutate(data: bytes, m: tuple[str, int, Any]) -> bytes:
 
 def header_flip_outcomes(data: bytes, *, all_bits: bool) -> list[str]:
     """Flip each header byte (one bit of it, or each of its 8 bits): one outcome per flip."""
-    from tieredkv.artifact_file import PREFIX
+    from tieredkv.artifacts.file_format import PREFIX
 
     end = PREFIX.size + PREFIX.unpack_from(data)[2]
     bits = range(8 * end) if all_bits else [8 * i + i % 8 for i in range(end)]
@@ -209,7 +209,7 @@ def header_flip_outcomes(data: bytes, *, all_bits: bool) -> list[str]:
 
 def payload_flip_outcomes(data: bytes, num: int, seed: int) -> list[str]:
     """Flip `num` random bits of the data section (token ids and pages), one file per flip."""
-    from tieredkv.artifact_file import PREFIX
+    from tieredkv.artifacts.file_format import PREFIX
 
     start = PREFIX.size + PREFIX.unpack_from(data)[2]
     rng = random.Random(seed)
@@ -222,7 +222,7 @@ def truncation_outcomes(data: bytes, offsets) -> list[str]:
 
 def hostile_headers(valid: bytes) -> dict[str, bytes]:
     """Crafted files whose header lies; each must be refused with a typed error, cheaply."""
-    from tieredkv.artifact_file import MAGIC, MAX_HEADER_NBYTES, PREFIX
+    from tieredkv.artifacts.file_format import MAGIC, MAX_HEADER_NBYTES, PREFIX
 
     def framed(raw: bytes, claimed: int | None = None) -> bytes:
         return PREFIX.pack(MAGIC, 1, len(raw) if claimed is None else claimed) + raw
@@ -250,7 +250,7 @@ def hostile_headers(valid: bytes) -> dict[str, bytes]:
         "deep nesting (in a field)": framed(b'{"data_nbytes":0,"format":' + b"[" * deep + b"]" * deep + b"}"),
         "invalid UTF-8": framed(b'{"format":"\xff\xfe"}'),
         "NaN": framed(b'{"data_nbytes":NaN}'),
-        "duplicate keys": framed(b'{"format":"tieredkv.artifact","format":"x"}'),
+        "duplicate keys": framed(b'{"format":"tieredkv.artifacts.artifact","format":"x"}'),
         "100,000-digit integer": framed(b'{"data_nbytes":' + b"9" * 100_000 + b"}"),
         "more pages than the manifest": pages(lambda p: p.append(dict(p[-1]))),
         "a million-entry list": framed(b'{"pages":[' + b",".join([b"0"] * 1_000_000) + b"]}"),
@@ -262,7 +262,7 @@ def hostile_outcomes(valid: bytes) -> list[dict[str, Any]]:
     (bounded: at most a few times the header bytes actually present, never the claimed sizes)."""
     import tracemalloc
 
-    from tieredkv.artifact_file import PREFIX
+    from tieredkv.artifacts.file_format import PREFIX
 
     parse_outcome(b"")  # NOTE: lazy imports happen outside the measurement
     out = []
@@ -527,8 +527,8 @@ class ForkRunner:
     starts in milliseconds. Children load the tiny model themselves before signalling.
     """
 
-    PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "tieredkv.artifact",
-               "tieredkv.models", "tieredkv.portable", "tests._fault_children"]
+    PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "tieredkv.artifacts.artifact",
+               "tieredkv.models", "tieredkv.artifacts.portable", "testkit.faults"]
 
     def __init__(self) -> None:
         import multiprocessing as mp
@@ -569,7 +569,7 @@ class ForkRunner:
 
 def deposit_target(store_path: str, text: str, go) -> None:
     from paging import PageStore
-    from tieredkv.artifact import deposit
+    from tieredkv.artifacts.artifact import deposit
     from tieredkv.models import load_model
 
     lm = load_model(MODEL)
@@ -587,14 +587,14 @@ def warm_up(lm) -> None:
 
     torch.set_num_threads(1)
 
-    from tieredkv.artifact import prefill
+    from tieredkv.artifacts.artifact import prefill
 
     prefill(lm, list(range(2 * PAGE_SIZE)), DynamicCache(config=lm.model.config), page_size=PAGE_SIZE)
 
 
 def export_target(store_path: str, artifact_id: str, path: str, go) -> None:
     from paging import PageStore
-    from tieredkv.portable import export_artifact
+    from tieredkv.artifacts.portable import export_artifact
 
     with PageStore(store_path, store_config()) as store:
         go.set()
@@ -626,7 +626,7 @@ def deposit_kill_run(runner: ForkRunner, template: Path, work: Path, text: str, 
 def export_kill_run(runner: ForkRunner, store_path: Path, artifact_id: str, path: Path, old: bytes, new_sha: str,
                     delay: float | None) -> dict[str, Any]:
     """Export over an existing file in a child, SIGKILL it after `delay`: old file or new, never torn."""
-    from tieredkv.portable import remove_stale_temps
+    from tieredkv.artifacts.portable import remove_stale_temps
 
     path.write_bytes(old)
     run = runner.run(export_target, (str(store_path), artifact_id, str(path)), delay)
@@ -642,7 +642,7 @@ def export_kill_run(runner: ForkRunner, store_path: Path, artifact_id: str, path
 def make_store(path: str | os.PathLike, texts: list[str], lm=None) -> list[str]:
     """A store holding one deposit per text; returns the artifact ids."""
     from paging import PageStore
-    from tieredkv.artifact import deposit
+    from tieredkv.artifacts.artifact import deposit
     from tieredkv.models import load_model
 
     lm = lm or load_model(MODEL)
@@ -654,10 +654,10 @@ def make_store(path: str | os.PathLike, texts: list[str], lm=None) -> list[str]:
 def fsize_target(what: str, limit: int, store_path: str, arg: str, out_path: str | None, out) -> None:
     """Under RLIMIT_FSIZE=`limit`: export `arg` to `out_path`, import file `arg`, or deposit text `arg`."""
     from paging import PageStore
-    from tieredkv.portable import export_artifact, import_artifact
+    from tieredkv.artifacts.portable import export_artifact, import_artifact
 
     if what == "deposit":
-        from tieredkv.artifact import deposit
+        from tieredkv.artifacts.artifact import deposit
         from tieredkv.models import load_model
 
         lm = load_model(MODEL)
@@ -695,10 +695,10 @@ def _cmd_cross_export(a) -> dict[str, Any]:
     import torch
 
     from paging import PageStore
-    from tieredkv.artifact import deposit
+    from tieredkv.artifacts.artifact import deposit
     from tieredkv.domain import sha256_tensor
     from tieredkv.models import load_model
-    from tieredkv.portable import export_artifact
+    from tieredkv.artifacts.portable import export_artifact
 
     lm = load_model(a.model)
     prefix, cont = lm.codec.encode(a.prefix), lm.codec.encode(a.continuation)
@@ -715,10 +715,10 @@ def _cmd_cross_import(a) -> dict[str, Any]:
     import torch
 
     from paging import PageStore
-    from tieredkv.artifact import graft
+    from tieredkv.artifacts.artifact import graft
     from tieredkv.domain import sha256_tensor
     from tieredkv.models import load_model
-    from tieredkv.portable import import_artifact
+    from tieredkv.artifacts.portable import import_artifact
 
     lm = load_model(a.model)
     cont = lm.codec.encode(a.continuation)
@@ -736,7 +736,7 @@ def continuation_logits(lm, cache, cont: list[int], start: int, page_size: int):
     """Logits [C, vocab] of `cont` prefilled (canonical schedule) at [start, start + C) after `cache`."""
     import torch
 
-    from tieredkv.artifact import prefill
+    from tieredkv.artifacts.artifact import prefill
 
     chunks = []
     prefill(lm, cont, cache, start=start, page_size=page_size,
@@ -749,7 +749,7 @@ def fresh_continuation_logits(lm, prefix: list[int], cont: list[int], page_size:
     (the schedule stops at the prefix end, as a graft does; see tieredkv.verify)."""
     from transformers import DynamicCache
 
-    from tieredkv.artifact import prefill
+    from tieredkv.artifacts.artifact import prefill
 
     cache = DynamicCache(config=lm.model.config)
     prefill(lm, prefix, cache, page_size=page_size)
@@ -781,11 +781,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_child(args: list[str], *, cwd: str | os.PathLike, env: dict[str, str] | None = None,
               timeout: float = 300) -> dict[str, Any]:
-    """Run `python tests/_fault_children.py ARGS` in a fresh interpreter; its JSON result."""
+    """Run `python testkit/faults.py ARGS` in a fresh interpreter; its JSON result."""
     import subprocess
 
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_fault_children.py"), *args], cwd=cwd,
+    proc = subprocess.run([sys.executable, str(REPO / "testkit" / "faults.py"), *args], cwd=cwd,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

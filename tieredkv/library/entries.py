@@ -18,7 +18,7 @@ from typing import Any
 
 from paging import PageStore
 from tieredkv.errors import TieredKVError
-from tieredkv.verifiers import normalize_text
+from tieredkv.library.verifiers import normalize_text
 
 LIBRARY_FORMAT = 1
 PREFIX = "lib:"

@@ -7,7 +7,7 @@
 
 The header is canonical JSON (sorted keys, compact, ASCII, no NaN) with exactly these fields::
 
-    format          "tieredkv.artifact"
+    format          "tieredkv.artifacts.artifact"
     format_version  the prefix version again (both must agree)
     manifest        the manifest the store keeps for the artifact (Artifact.to_json()):
                     model fingerprint, determinism domain, page keys, root hash, layout
@@ -41,14 +41,14 @@ import numpy as np
 
 from paging import PageLayout
 from paging.errors import LayoutMismatchError
-from tieredkv.artifact import MANIFEST_FORMAT, Artifact
+from tieredkv.artifacts.artifact import MANIFEST_FORMAT, Artifact
 from tieredkv.domain import domain_id
 from tieredkv.errors import TieredKVError
 from tieredkv.schedule import canonical_chunks
 
 MAGIC = b"TKVA"
 FILE_VERSION = 1
-FORMAT_NAME = "tieredkv.artifact"
+FORMAT_NAME = "tieredkv.artifacts.artifact"
 PREFIX = struct.Struct("<4sIQ")  # magic, version, header_len
 MAX_HEADER_NBYTES = 64 << 20  # ~250 bytes per page: room for ~250k pages
 MAX_PAGE_NBYTES = 1 << 30

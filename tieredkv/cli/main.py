@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from pathlib import Path
 
-from tieredkv.cli_common import model_arg as _model_arg, open_store as _open_store, print_json as _print
+from tieredkv.cli.common import model_arg as _model_arg, open_store as _open_store, print_json as _print
 from tieredkv.errors import TieredKVError
 from paging.errors import PagingError
 
 
-EXTENSIONS = ("tieredkv.cli_qa", "tieredkv.cli_portable", "tieredkv.cli_remote", "tieredkv.cli_library")
+EXTENSIONS = ("tieredkv.cli.qa", "tieredkv.cli.portable", "tieredkv.cli.remote", "tieredkv.cli.library",
+              "tieredkv.cli.recheck")
 
 
 def cmd_deposit(a) -> int:
-    from tieredkv.artifact import deposit
+    from tieredkv.artifacts.artifact import deposit
     from tieredkv.models import load_model
     from tieredkv.progress import token_bar
 
@@ -33,7 +33,7 @@ def cmd_deposit(a) -> int:
 def cmd_graft(a) -> int:
     import torch
 
-    from tieredkv.artifact import graft, grafted_token_ids, load_artifact
+    from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
     from tieredkv.models import load_model
 
     lm = load_model(a.model)
@@ -126,8 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Further command groups live in their own modules, each with `register(subparsers)`.
     for mod in EXTENSIONS:
-        if importlib.util.find_spec(mod) is not None:
-            importlib.import_module(mod).register(sub)
+        importlib.import_module(mod).register(sub)
     return p
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from tieredkv.cli.main import main
+
+sys.exit(main())

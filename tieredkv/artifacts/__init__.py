@@ -1,0 +1,8 @@
+"""Artifacts: a deposited context as a manifest over byte-exact pages.
+
+    artifact.py     deposit (canonical prefill, pages sealed) and graft (own positions) into HF caches
+    file_format.py  the portable file: a bounded JSON header, then pages (safetensors-style, no pickle)
+    portable.py     export / import of those files, verified before a byte reaches the store
+    check.py        `tieredkv check`: re-hash stored pages and manifests, quarantine what fails
+    capture.py      the DynamicCache subclass that hands sealed K/V to deposit
+"""
