@@ -26,6 +26,7 @@ from longctx_tasks import TASKS  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
+from tieredkv.placement import ForcedPages  # noqa: E402
 from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
@@ -48,27 +49,6 @@ def run_plain(lm, task, max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def force_pages(cache, pages: set[int], *, replace: bool = False) -> None:
-    """Oracle retrieval, once retrieval is active: every full-attention layer's working set also holds
-    `pages`, and the retrieval log still records what the index itself found. With `replace`, `pages`
-    are the only retrieved pages (sink and local pages stay), and the log records them."""
-    from tieredkv.working_set import select_pages
-
-    select = cache._select
-
-    def with_pages(layer_idx, query):
-        ids = select(layer_idx, query)
-        if not cache.retrieving:
-            return ids
-        if not replace:
-            return sorted(set(ids) | pages)
-        cache.retrieval_log[-1] = sorted(pages)
-        c = cache.config
-        return select_pages(len(cache.spans), sink=c.sink_pages, local=c.local_pages, retrieved=pages)
-
-    cache._select = with_pages
-
-
 def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
                oracle: bool = False, ask_after: str = "ingest") -> tuple[list[int], dict]:
     """Output ids, and for the row: the fraction of the question's and answer's retrievals (per
@@ -86,8 +66,8 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
             tm.ingest(task.doc_ids) if ask_after == "ingest" else tm.prefill(task.doc_ids)
             tm.cache.retrieval_log.clear()
             needle_pages = task.needle_pages(tm.page_size)
-            if oracle:
-                force_pages(tm.cache, needle_pages)
+            if oracle:  # retrieval plus the needle's pages
+                tm.use_policy(ForcedPages(tm.policy, needle_pages))
             out = tm.generate(task.question_ids, max_new_tokens=max_new)
             log = list(tm.cache.retrieval_log)
             hit = sum(bool(needle_pages & set(sel)) for sel in log) / len(log) if log else None

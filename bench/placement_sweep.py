@@ -40,11 +40,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from longctx_tasks import TASKS, Task  # noqa: E402
-from passkey import force_pages, run_plain  # noqa: E402
+from passkey import run_plain  # noqa: E402
 from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
+from tieredkv.placement import FixedDistance, ForcedPages  # noqa: E402
 from tieredkv.reencode import reencode  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
@@ -72,22 +73,22 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
     return dataclasses.replace(FIXED, **kw), flags
 
 
-def stack_far_pages(cache) -> None:
-    """Place every retrieved page at one distance: each ends right before the local window (the sink
-    page before them). Replaces the packed placement of `fixed`."""
-    def shifts(ids):
-        if not cache.retrieving:
+class StackedDistance(FixedDistance):
+    """Every retrieved page at one distance: each ends right before the local window (the sink page
+    before them), instead of `fixed`'s packing."""
+
+    name = "stacked"
+
+    def place(self, ctx, page_ids):
+        if not ctx.retrieving:
             return {}  # the whole context fits: own positions, as under `fixed`
-        c, spans = cache.config, cache.spans
-        first = cache._local_first()
+        c, spans, first = ctx.config, ctx.spans, ctx.local_first
         local_start = spans[first].start
         out = {}
-        for i in (i for i in ids if i < first):
-            end = local_start - cache.page_size if i < c.sink_pages else local_start
+        for i in (i for i in page_ids if i < first):
+            end = local_start - ctx.page_size if i < c.sink_pages else local_start
             out[i] = end - (spans[i].end - spans[i].start) - spans[i].start
         return out
-
-    cache._shifts = shifts
 
 
 def ingested(lm, task: Task, work: Path, ingest: str, config: TieredConfig) -> tuple[Path, str]:
@@ -125,12 +126,12 @@ def answer_tiered(lm, task: Task, needles: list[int], store_dir: Path, artifact_
         try:
             tm.graft(artifact_id, allow_domain_mismatch=config != ingest)
             if "stacked" in flags:
-                stack_far_pages(tm.cache)
+                tm.use_policy(StackedDistance())
             if "needles-only" in flags:
-                force_pages(tm.cache, set(needles), replace=True)
+                tm.use_policy(ForcedPages(tm.policy, needles, replace=True))
             if "reencode" in flags:
                 reencode(tm.cache, needles)
-            tm.cache._write = lambda: None  # the question's pages stay in memory: the store holds the document only
+            tm.keep_in_memory()  # the question's pages stay in memory: the store holds the document only
             out = tm.generate(task.question_ids, max_new_tokens=10)
             log = list(tm.cache.retrieval_log)
             reencoded = sorted(tm.cache.reencoded)

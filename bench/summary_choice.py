@@ -22,6 +22,7 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 from index import SUMMARY_METHODS, PageIndex, summarize  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
+from tieredkv.placement import PlacementPolicy, grouped_queries  # noqa: E402
 from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
@@ -33,21 +34,28 @@ def needle_page(doc: list[int], needle: list[int], page_size: int) -> int:
     raise ValueError("needle not found in document")
 
 
+class QueryRecorder(PlacementPolicy):
+    """`base`'s selection and placement; records each layer's first grouped queries [Hkv, G*q, D]."""
+
+    def __init__(self, base: PlacementPolicy):
+        self.base, self.seen = base, {}
+
+    def select(self, ctx, layer_idx, query):
+        self.seen.setdefault(layer_idx, grouped_queries(query, ctx.layout.num_kv_heads).float().cpu().numpy())
+        return self.base.select(ctx, layer_idx, query)
+
+    def place(self, ctx, page_ids):
+        return self.base.place(ctx, page_ids)
+
+
 def capture_queries(tm: TieredModel, question: list[int]) -> dict[int, np.ndarray]:
-    """Grouped query vectors [Hkv, G*q, D] per layer for the question chunk (via the cache's selector)."""
-    seen: dict[int, np.ndarray] = {}
-    original = tm.cache._select
-
-    def spy(layer_idx, query):
-        hkv = tm.cache.layout.num_kv_heads
-        g = query[0].reshape(hkv, query.shape[1] // hkv, query.shape[2], -1).reshape(hkv, -1, query.shape[-1])
-        seen.setdefault(layer_idx, g.float().cpu().numpy())
-        return original(layer_idx, query)
-
-    tm.cache._select = spy
+    """Grouped query vectors [Hkv, G*q, D] per layer for the question chunk."""
+    base = tm.policy
+    recorder = QueryRecorder(base)
+    tm.use_policy(recorder)
     tm.prefill(question)
-    tm.cache._select = original
-    return seen
+    tm.use_policy(base)
+    return recorder.seen
 
 
 def main(argv=None) -> int:

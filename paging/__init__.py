@@ -15,11 +15,12 @@ from .remote_tier import (RemoteConfig, RemoteError, RemoteTier, RemoteTierWarni
                           RemoteUnavailableError)
 from .store import PageStore, StoreConfig
 from .tier import Tier
+from .writer import PageWriter
 
 __all__ = [
     "CorruptPageError", "DeviceTier", "FORMAT_VERSION", "HostTier", "LMDBTier",
     "LRUPolicy", "LayoutMismatchError", "ManifestNotFoundError", "Page", "PageConflictError",
-    "PageLayout", "PageNotFoundError", "PageStore", "PagingError", "ROOT_KEY",
+    "PageLayout", "PageNotFoundError", "PageStore", "PageWriter", "PagingError", "ROOT_KEY",
     "RemoteConfig", "RemoteError", "RemoteTier", "RemoteTierWarning", "RemoteUnavailableError",
     "StoreConfig", "StoreFullError", "Tier", "page_key",
 ]

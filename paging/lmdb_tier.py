@@ -14,11 +14,9 @@ it ends; grow the map only with no transaction open (hence `_lock`); open after 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import shutil
-import struct
 import threading
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -27,6 +25,7 @@ import lmdb
 from .errors import (CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
                      StoreFullError)
 from .page import FORMAT_VERSION, Page, is_valid_page
+from .framing import body_len, open_value, seal_value
 from .tier import Tier
 
 T = TypeVar("T")
@@ -37,15 +36,6 @@ _FORMAT = b"__paging.format_version"
 _KEY_BATCH = 1024
 _MAX_WRITE_ATTEMPTS = 16
 _DISK_SLACK = 16 << 20  # free bytes under which an I/O error means "disk full"
-_PREFIX = struct.Struct("<4sIQ")
-
-
-def _payload_len(raw: bytes) -> int:
-    """Payload length implied by the framing prefix (clamped; exact for intact pages)."""
-    if len(raw) < _PREFIX.size:
-        return 0
-    header_len = _PREFIX.unpack_from(raw, 0)[2]
-    return max(0, len(raw) - _PREFIX.size - min(header_len, len(raw)))
 
 
 def _disk_free(path: str) -> int:
@@ -205,7 +195,7 @@ class LMDBTier(Tier):
         if txn.get(k, db=self._dbs["pages"]) != raw:
             return False
         txn.delete(k, db=self._dbs["pages"])
-        self._add_payload(txn, -_payload_len(raw))
+        self._add_payload(txn, -body_len(raw))
         return True
 
     def _quarantine(self, key: str, raw: bytes) -> bool:
@@ -247,7 +237,7 @@ class LMDBTier(Tier):
                     self._quarantine_in(txn, k.decode(), old)
                     replaced.append(k.decode())
                 txn.put(k, value, db=db)
-                added += _payload_len(value)
+                added += body_len(value)
             self._add_payload(txn, added)
             return [True] * len(items)
 
@@ -283,7 +273,7 @@ class LMDBTier(Tier):
             if raw is None:
                 return False
             txn.delete(key.encode(), db=self._dbs["pages"])
-            self._add_payload(txn, -_payload_len(raw))
+            self._add_payload(txn, -body_len(raw))
             return True
         return self._write(txn_fn)
 
@@ -377,7 +367,7 @@ class LMDBTier(Tier):
         """Store `data` under `artifact_id`. Same bytes again is a no-op; other bytes
         raise PageConflictError (delete_manifest first to replace it)."""
         k = self._id(artifact_id)
-        value = hashlib.sha256(data).hexdigest().encode("ascii") + bytes(data)
+        value = seal_value(data)
         db = self._dbs["manifests"]
 
         def txn_fn(txn: lmdb.Transaction) -> None:
@@ -398,8 +388,8 @@ class LMDBTier(Tier):
             raise ManifestNotFoundError(
                 f"no manifest {artifact_id!r} in {self.path}; list_manifests() shows what "
                 f"is stored — deposit or import the artifact first")
-        digest, data = raw[:64], raw[64:]
-        if len(raw) < 64 or hashlib.sha256(data).hexdigest().encode("ascii") != digest:
+        data = open_value(raw)
+        if data is None:
             self.corrupt_detected += 1
             raise CorruptPageError(artifact_id, "manifest sha256 mismatch")
         return data

@@ -36,13 +36,13 @@ import numpy as np
 import torch
 
 from .errors import CorruptPageError, LayoutMismatchError, PagingError
+from .framing import PREFIX, pack_prefix, unpack_prefix
 from .layout import PageLayout
 
 FORMAT_VERSION = 1
 ROOT_KEY = "0" * 64
 MAGIC = b"TKVP"
 MAX_HEADER_NBYTES = 1 << 20
-_PREFIX = struct.Struct("<4sIQ")  # magic, version, header_len
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _HEADER_FIELDS = frozenset(
@@ -202,7 +202,7 @@ class Page:
         fields = self._header_fields()
         fields["header_sha256"] = _header_digest(self._header_fields())
         header = _canonical_json(fields)
-        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + self.payload
+        return pack_prefix(MAGIC, FORMAT_VERSION, len(header)) + header + self.payload
 
     @classmethod
     def from_bytes(cls, buf: bytes | bytearray | memoryview, *,
@@ -239,19 +239,19 @@ def _parse(mv: memoryview, expected_key: str | None) -> Page:
     def bad(reason: str) -> CorruptPageError:
         return CorruptPageError(expected_key, reason)
 
-    if len(mv) < _PREFIX.size:
-        raise bad(f"truncated: {len(mv)} bytes, the fixed prefix alone is {_PREFIX.size}")
-    magic, version, header_len = _PREFIX.unpack_from(mv, 0)
+    if len(mv) < PREFIX.size:
+        raise bad(f"truncated: {len(mv)} bytes, the fixed prefix alone is {PREFIX.size}")
+    magic, version, header_len = unpack_prefix(mv)
     if magic != MAGIC:
         raise bad(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != FORMAT_VERSION:
         raise bad(f"page format version {version}; this build reads version {FORMAT_VERSION}")
     if header_len > MAX_HEADER_NBYTES:
         raise bad(f"header_len {header_len} exceeds the {MAX_HEADER_NBYTES}-byte cap")
-    if header_len > len(mv) - _PREFIX.size:
+    if header_len > len(mv) - PREFIX.size:
         raise bad(f"truncated: header_len {header_len} but only "
-                  f"{len(mv) - _PREFIX.size} bytes follow the prefix")
-    raw = bytes(mv[_PREFIX.size:_PREFIX.size + header_len])
+                  f"{len(mv) - PREFIX.size} bytes follow the prefix")
+    raw = bytes(mv[PREFIX.size:PREFIX.size + header_len])
     try:
         hdr = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates,
                          parse_constant=_reject_constant)
@@ -279,7 +279,7 @@ def _parse(mv: memoryview, expected_key: str | None) -> Page:
         raise bad(f"bad layout: {exc}") from None
     if not 1 <= len(ids) <= layout.page_size:
         raise bad(f"{len(ids)} tokens; a page holds 1..{layout.page_size}")
-    payload = mv[_PREFIX.size + header_len:]
+    payload = mv[PREFIX.size + header_len:]
     want = layout.payload_nbytes(len(ids))
     if len(payload) != want:
         raise bad(f"payload is {len(payload)} bytes; layout expects {want}")

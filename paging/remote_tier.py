@@ -25,7 +25,6 @@ is skipped for `down_s` seconds with one warning; the local tiers keep working).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import time
@@ -36,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError
+from .framing import open_value, seal_value
 from .page import FORMAT_VERSION, Page
 from .tier import Tier
 
@@ -212,6 +212,9 @@ class RemoteTier(Tier):
         self._fps: list[str] = list(dict.fromkeys(fingerprints))  # most recently useful first
         self._fps_read_at = float("-inf")
         self.counters = dict.fromkeys(COUNTERS, 0)
+        # called with the operation's name before each pipeline: an observer, and the seam where
+        # the fault tests restart or kill the server in the middle of a transfer
+        self.before_round_trip: Callable[[str], None] | None = None
         if client is None:
             with self._io("connect"):
                 client = _connect(self.config)  # standalone: lazy; cluster: reads slots now
@@ -249,6 +252,8 @@ class RemoteTier(Tier):
 
     def _run(self, what: str, build: Callable[[Any], None]) -> list:
         """One pipeline (no MULTI/EXEC): one round trip per node."""
+        if self.before_round_trip is not None:
+            self.before_round_trip(what)
         with self._io(what):
             pipe = self._client.pipeline(transaction=False)
             build(pipe)
@@ -440,13 +445,13 @@ class RemoteTier(Tier):
         """Store `data` under `artifact_id` (first writer wins: other valid bytes under the
         same id raise PageConflictError; corrupt bytes are replaced)."""
         name = self.manifest_name(artifact_id)
-        value = hashlib.sha256(data).hexdigest().encode("ascii") + bytes(data)
+        value = seal_value(data)
         created, old = self._run("manifest put", lambda pipe: (
             pipe.set(name, value, nx=True), pipe.get(name), pipe.sadd(self._manifests_set,
                                                                         artifact_id)))[:2]
         if created or old == value:
             return
-        if old is not None and _manifest_data(old) is not None:
+        if old is not None and open_value(old) is not None:
             raise PageConflictError(f"manifest {artifact_id!r} exists on {self.config.safe_url} "
                                     f"with other bytes; delete it there first to replace it")
         self._run("manifest put", lambda pipe: pipe.set(name, value))
@@ -455,7 +460,7 @@ class RemoteTier(Tier):
         raw = self._run("manifest get", lambda pipe: pipe.get(self.manifest_name(artifact_id)))[0]
         if raw is None:
             raise ManifestNotFoundError(f"no manifest {artifact_id!r} on {self.config.safe_url}")
-        data = _manifest_data(raw)
+        data = open_value(raw)
         if data is None:
             self.counters["corrupt_detected"] += 1
             self._delete_if_same(self.manifest_name(artifact_id), raw)
@@ -478,13 +483,6 @@ class RemoteTier(Tier):
             self._client.close()
         except Exception:  # closing a dead connection must not mask the real error
             pass
-
-
-def _manifest_data(raw: bytes) -> bytes | None:
-    digest, data = raw[:64], raw[64:]
-    if len(raw) < 64 or hashlib.sha256(data).hexdigest().encode("ascii") != digest:
-        return None
-    return data
 
 
 class RemoteLink:

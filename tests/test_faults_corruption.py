@@ -16,7 +16,7 @@ from testkit.faults import (PAGE_SIZE, corpus_text, header_flip_outcomes, hostil
                                    lmdb_flip_outcome, parse_outcome, payload_flip_outcomes, store_config,
                                    truncation_outcomes)
 from tieredkv.artifacts.artifact import deposit
-from tieredkv.artifacts.file_format import PREFIX
+from tieredkv.artifacts.file_format import PREFIX, ArtifactIntegrityError
 from tieredkv.models import load_model
 from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header
 
@@ -58,9 +58,8 @@ def test_a_payload_flip_leaves_the_target_store_untouched(source, tmp_path):
     bad = tmp_path / "bad.tkva"
     bad.write_bytes(flipped(source["data"], 8 * (h.data_offset + h.pages[-1].begin + 100)))  # the last page
     with PageStore(tmp_path / "dst", store_config()) as dst:
-        with pytest.raises(Exception) as e:
+        with pytest.raises(ArtifactIntegrityError, match="page 3"):
             import_artifact(bad, dst)
-        assert type(e.value).__name__ == "ArtifactIntegrityError" and "page 3" in str(e.value)
         assert dst.lmdb_tier.num_pages == 0 and dst.list_manifests() == [] and dst.get_meta("model_fingerprint") is None
 
 

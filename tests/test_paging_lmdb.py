@@ -329,6 +329,16 @@ def test_disk_full_maps_to_store_full(tmp_path, monkeypatch):
 
 def test_use_after_fork_refused(tmp_path):
     with LMDBTier(tmp_path / "s") as tier:
-        tier._pid = -1  # as if this object had crossed a fork()
-        with pytest.raises(PagingError, match="fork"):
-            tier.get("11" * 32)
+        pid = os.fork()
+        if pid == 0:  # the child uses the parent's environment: refused, with the reason
+            code = 3
+            try:
+                tier.get("11" * 32)
+                code = 1
+            except PagingError as exc:
+                code = 0 if "fork" in str(exc) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert tier.get("11" * 32) is None  # the parent's own use is unaffected

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import lmdb
 import pytest
 import torch
@@ -39,7 +41,7 @@ def test_config_validation():
                 dict(lmdb_map_size=4096, lmdb_max_map_size=1024)):
         with pytest.raises(PagingError):
             StoreConfig(**bad)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         StoreConfig().device = "cuda"  # frozen
 
 

@@ -31,7 +31,7 @@ def test_reencoded_pages_are_the_model_over_the_packed_pages(tiny_model, tmp_pat
     with tiered(lm, tmp_path, FIXED) as tm:
         art = tm.ingest(_ids(700, 4))
         before, n_pages = _store_digest(tm, art.page_keys), len(tm.cache.page_keys)
-        spans, first = tm.cache.spans, tm.cache._local_first()
+        spans, first = tm.cache.spans, tm.cache.local_first
         assert reencode(tm.cache, [9, 5, first]) == [0, 5, 9]  # sorted; a local page is not far
         shifts = fixed_positions(spans, [0, 5, 9], spans[first].start)
         ids = [t for p in (0, 5, 9) for t in tm.store.get(tm.cache.page_keys[p]).token_ids]
@@ -60,12 +60,12 @@ def test_generate_reencodes_once_and_every_full_layer_holds_the_pages(tiny_model
         art = tm.ingest(_ids(700, 4))
         before = _store_digest(tm, art.page_keys)
         chosen = probe(tm.cache, question, 3)
-        assert len(chosen) == 3 and all(cfg.sink_pages <= p < tm.cache._local_first() for p in chosen)
+        assert len(chosen) == 3 and all(cfg.sink_pages <= p < tm.cache.local_first for p in chosen)
         assert tm.num_tokens == 700 and tm.cache.layers[0].keys.shape[1] == 0  # the probe left no trace
         tm.generate(question, max_new_tokens=3)
         assert sorted(tm.cache.reencoded) == [0, *chosen]
         for layer in range(len(tm.cache.layers)):
-            assert set(chosen) <= set(tm.cache._last_selection[layer])
+            assert set(chosen) <= set(tm.cache.last_selection(layer))
         first = dict(tm.cache.reencoded)
         tm.generate(_ids(10, 6), max_new_tokens=2)  # a follow-up turn: the context is no longer sealed
         assert tm.cache.reencoded.keys() == first.keys()
@@ -102,11 +102,25 @@ def test_sliding_window_layers_keep_the_stored_page(tiny_model, tmp_path):
         reencode(tm.cache, [5])
         stored = tm.store.get(tm.cache.page_keys[5])
         for layer in range(3):
-            k, _ = tm.cache._page_kv(5, layer, set())
+            k, _ = tm.cache.page_kv(5, layer)
             if tm.cache.layers[layer].is_sliding:
                 assert torch.equal(k, stored.layer_kv(layer)[0])
             else:
                 assert k is tm.cache.reencoded[5][layer][0]
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-gemma3"])
+def test_reencoding_more_than_a_sliding_window(name, tiny_model, tmp_path):
+    """Re-encoded tokens beyond the sliding window (4 pages of 32 > 64): the fresh run's sliding layers
+    keep only their window, and need nothing (they read stored pages). This raised before."""
+    lm = tiny_model(name)
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed", reencode_pages=3)
+    with tiered(lm, tmp_path, cfg) as tm:
+        tm.ingest(_ids(700, 4))
+        out = tm.generate(_ids(13, 5), max_new_tokens=4)
+        assert len(out) == 4 and len(tm.cache.reencoded) == 4
+        for layers in tm.cache.reencoded.values():
+            assert [kv is None for kv in layers] == [layer.is_sliding for layer in tm.cache.layers]
 
 
 def test_reencode_is_for_fixed_and_not_part_of_the_regime():

@@ -101,14 +101,14 @@ def _continuation_sha(lm, cache, start: int, cont: list[int]) -> str:
 
 
 def _hook_after(store: PageStore, num_calls: int, action) -> None:
-    tier, run, calls = store.remote_tier, store.remote_tier._run, [0]
+    """Run `action` right before the remote tier's `num_calls`-th pipeline."""
+    calls = [0]
 
-    def hooked(what, build):
+    def hook(what):
         calls[0] += 1
         if calls[0] == num_calls:
             action()
-        return run(what, build)
-    tier._run = hooked
+    store.remote_tier.before_round_trip = hook
 
 
 @requires_server

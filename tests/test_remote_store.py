@@ -215,13 +215,12 @@ def test_graft_path_during_restart_gets_verified_pages(tmp_path):
         with PageStore(tmp_path / "a", cfg(url)) as a:
             a.put_many(pages)
         with PageStore(tmp_path / "b", cfg(url)) as b:
-            tier, run, calls = b.remote_tier, b.remote_tier._run, [0]
+            calls = [0]
 
-            def hooked(what, build):
+            def hook(what):
                 calls[0] += 1
                 if calls[0] == 4:
                     server.restart()
-                return run(what, build)
-            tier._run = hooked
+            b.remote_tier.before_round_trip = hook
             assert [b.get(p.key) for p in pages] == pages
             assert calls[0] >= 10 and b.stats()["remote"]["corrupt_detected"] == 0

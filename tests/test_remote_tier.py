@@ -199,17 +199,15 @@ def test_eviction_is_the_servers_and_evicted_pages_are_misses(tmp_path):
 
 # -- the server goes away in the middle of a transfer ---------------------------------
 def _after_first_pipeline(tier: RemoteTier, action) -> list[int]:
-    """Run `action` once, right after the first pipeline of `tier` completes."""
+    """Run `action` once, right after the first pipeline of `tier` completes (before the second
+    starts); the returned counter counts pipelines started."""
     calls = [0]
-    run = tier._run
 
-    def hooked(what, build):
-        out = run(what, build)
+    def hook(what):
         calls[0] += 1
-        if calls[0] == 1:
+        if calls[0] == 2:
             action()
-        return out
-    tier._run = hooked
+    tier.before_round_trip = hook
     return calls
 
 

@@ -39,7 +39,7 @@ def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
     from tieredkv.tiered_cache import TieredCache
 
     shadow = TieredCache(cache.model, cache.store, cache.config, fingerprint=cache.fingerprint,
-                         page_size=cache.page_size)
+                         page_size=cache.page_size, policy=cache.policy)
     shadow.attach(cache.page_keys, cache.spans, cache.layout, cache.index)
     model = cache.model
     try:
@@ -58,7 +58,7 @@ def reencode(cache, pages: Sequence[int]) -> list[int]:
     install their K/V in `cache.reencoded`. Returns the page ids re-encoded (position order)."""
     from tieredkv.rotary import rerotate
 
-    spans, first = cache.spans, cache._local_first()
+    spans, first = cache.spans, cache.local_first
     far = sorted({*range(min(cache.config.sink_pages, first)), *(int(p) for p in pages if int(p) < first)})
     if not far:
         return []
@@ -73,7 +73,10 @@ def reencode(cache, pages: Sequence[int]) -> list[int]:
     layers, at, fresh = out.past_key_values.layers, 0, {}
     for p in far:
         n = spans[p].end - spans[p].start
-        fresh[p] = [(rerotate(model, x.keys[0, :, at:at + n], -shifts[p], i), x.values[0, :, at:at + n])
+        # NOTE: sliding-window layers keep reading the stored page (and their fresh cache holds only
+        # the window): they get None
+        fresh[p] = [None if cache.layers[i].is_sliding else
+                    (rerotate(model, x.keys[0, :, at:at + n], -shifts[p], i), x.values[0, :, at:at + n])
                     for i, x in enumerate(layers)]
         at += n
     cache.adopt_reencoded(fresh)

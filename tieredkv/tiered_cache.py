@@ -20,10 +20,12 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from index import PageIndex, summarize
-from paging import ROOT_KEY, Page, PageLayout, PageStore
+from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
+from tieredkv.errors import UnsupportedModelError
+from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.prefetch import Prefetcher
 from tieredkv.tiered_config import TieredConfig
-from tieredkv.working_set import Span, build_mask, fixed_positions, retrieval_excluded, select_pages, sliding_spans
+from tieredkv.working_set import Span, build_mask, sliding_spans
 
 
 def page_summaries(model, config: TieredConfig, layer_keys: Sequence[torch.Tensor], start: int) -> np.ndarray:
@@ -43,10 +45,12 @@ class TieredLayer(CacheLayerMixin):
 
     is_compileable = False
 
-    def __init__(self, owner: "TieredCache", layer_idx: int, sliding_window: int | None):
+    is_sliding = False
+    sliding_window: int | None = None
+
+    def __init__(self, owner: "TieredCache", layer_idx: int, **_layer_kwargs):
         super().__init__()
-        self.owner, self.layer_idx, self.sliding_window = owner, layer_idx, sliding_window
-        self.is_sliding = sliding_window is not None
+        self.owner, self.layer_idx = owner, layer_idx
         self.num_tokens = 0  # absolute tokens written to this layer
 
     def lazy_initialization(self, key_states, value_states) -> None:
@@ -83,17 +87,58 @@ class TieredLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    def plan(self, query: torch.Tensor) -> tuple[list[tuple[Span, int]], dict[int, int]]:
+        """The sealed pages this layer attends to for `query` ([1, Hq, q, D]): (span, offset of its
+        first used token) in position order, and page id -> position shift (empty: own positions)."""
+        raise NotImplementedError
+
+
+class FullAttentionLayer(TieredLayer):
+    """Attends to what the cache's placement policy selects, where the policy places it."""
+
+    def plan(self, query):
+        owner = self.owner
+        ids = owner.policy.select(owner, self.layer_idx, query)
+        return [(owner.spans[i], 0) for i in ids], owner.policy.place(owner, ids)
+
+
+class SlidingWindowLayer(TieredLayer):
+    """Attends to exactly its window, at own positions: the model's own attention, whatever the policy."""
+
+    is_sliding = True
+
+    def __init__(self, owner: "TieredCache", layer_idx: int, *, sliding_window: int, **_layer_kwargs):
+        super().__init__(owner, layer_idx)
+        self.sliding_window = sliding_window
+
+    def plan(self, query):
+        first_needed = max(0, (self.num_tokens - query.shape[2]) - (self.sliding_window - 1))
+        tail_start = self.num_tokens - self.keys.shape[1]
+        return (sliding_spans(self.owner.spans, first_needed) if first_needed < tail_start else []), {}
+
+
+# transformers' layer types -> the layer class that plans its working set
+LAYER_KINDS: dict[str, type[TieredLayer]] = {"full_attention": FullAttentionLayer,
+                                             "sliding_attention": SlidingWindowLayer}
+
+
+def make_layers(owner: "TieredCache", text_config) -> list[TieredLayer]:
+    types, kwargs = get_layer_types_and_kwargs(text_config)
+    unknown = sorted(set(types) - set(LAYER_KINDS))
+    if unknown:
+        raise UnsupportedModelError(f"{text_config.model_type} has layers of type {unknown}; tieredkv pages "
+                                    f"{sorted(LAYER_KINDS)} layers only")
+    return [LAYER_KINDS[t](owner, i, **kw) for i, (t, kw) in enumerate(zip(types, kwargs))]
+
 
 class TieredCache(Cache):
     """Pages of one growing context, with a working set per layer fetched through the store's tiers."""
 
-    def __init__(self, model, store: PageStore, config: TieredConfig, *, fingerprint: str, page_size: int):
-        text_config = model.config.get_text_config(decoder=True)
-        types, kwargs = get_layer_types_and_kwargs(text_config)
-        layers = [TieredLayer(self, i, kw.get("sliding_window") if t != "full_attention" else None)
-                  for i, (t, kw) in enumerate(zip(types, kwargs))]
-        super().__init__(layers=layers)
+    def __init__(self, model, store: PageStore, config: TieredConfig, *, fingerprint: str, page_size: int,
+                 policy: PlacementPolicy | None = None, persist: bool = True):
+        super().__init__(layers=make_layers(self, model.config.get_text_config(decoder=True)))
         self.model, self.store, self.config = model, store, config
+        self.policy = policy if policy is not None else policy_for(config.position)
         self.page_size = page_size
         self.fingerprint = fingerprint  # regime fingerprint: what page keys hash
         self.token_ids: list[int] = []  # ids of unsealed tokens (filled by the embedding hook)
@@ -101,7 +146,8 @@ class TieredCache(Cache):
         self.page_keys: list[str] = []
         self.layout: PageLayout | None = None
         self.index: PageIndex | None = None
-        self._unwritten: list[Page] = []
+        # sealed pages go to the store in batches; persist=False keeps them in memory only
+        self.writer = PageWriter(store, max_pages=config.write_batch, persist=persist)
         # pages retrieved per (layer, forward), most recent only: bounded, a long session must not grow it
         self.retrieval_log: collections.deque[list[int]] = collections.deque(maxlen=16384)
         self.fetch_counts = {"device_hits": 0, "fetches": 0}
@@ -146,7 +192,7 @@ class TieredCache(Cache):
         self.seal_full_pages()
         if partial and self.layers[0].is_initialized and self.get_seq_length() > self.sealed_upto:
             self._seal(self.get_seq_length())
-        self._write()
+        self.writer.flush()
 
     def _seal(self, end: int) -> None:
         layout = self._ensure_layout()
@@ -160,15 +206,8 @@ class TieredCache(Cache):
         page_id = len(self.spans)
         self.spans.append(Span(page_id, start, end))
         self.page_keys.append(page.key)
-        self._unwritten.append(page)
         self.index.add(page_id, page_summaries(self.model, self.config, [k for k, _ in kv], start))
-        if len(self._unwritten) >= self.config.write_batch:
-            self._write()
-
-    def _write(self) -> None:
-        if self._unwritten:
-            self.store.put_many(self._unwritten)
-            self._unwritten = []
+        self.writer.add(page)
 
     # ------------------------------------------------------------------ grafting
     def attach(self, page_keys: list[str], spans: list[Span], layout: PageLayout, index: PageIndex) -> None:
@@ -193,12 +232,20 @@ class TieredCache(Cache):
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     # ------------------------------------------------------------------ the working set
-    def _page_kv(self, page_id: int, layer: int, pin) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def num_written(self) -> int:
+        """Sealed pages that are in the store (the rest wait in `writer.pending`)."""
+        return len(self.page_keys) - len(self.writer.pending)
+
+    def page_kv(self, page_id: int, layer: int, pin=frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V ([Hkv, T, D]) of a sealed page at one layer, as attention reads them: re-encoded K/V
+        for full-attention layers when the page was re-encoded, else the stored page (device tier,
+        then host, then LMDB; `pin`: (key, layer) pairs the device tier must not evict meanwhile)."""
         if page_id in self.reencoded and not self.layers[layer].is_sliding:
             return self.reencoded[page_id][layer]
         key = self.page_keys[page_id]
-        if self._unwritten and page_id >= len(self.page_keys) - len(self._unwritten):
-            page = self._unwritten[page_id - (len(self.page_keys) - len(self._unwritten))]
+        if page_id >= self.num_written:
+            page = self.writer.pending[page_id - self.num_written]
             return page.layer_kv(layer, device=self.layers[layer].device)
         self.fetch_counts["fetches"] += 1
         if self.store.device_tier.contains((key, layer)):
@@ -214,21 +261,13 @@ class TieredCache(Cache):
         end = layer.num_tokens
         q_pos = torch.arange(end - q, end, device=query.device)
         tail_start = end - layer.keys.shape[1]
-        if layer.is_sliding:
-            need = max(0, (end - q) - (layer.sliding_window - 1))
-            chosen = sliding_spans(self.spans, need) if need < tail_start else []
-            parts = [(s, off) for s, off in chosen]
-            shifts: dict[int, int] = {}
-        else:
-            ids = self._select(layer_idx, query)
-            parts = [(self.spans[i], 0) for i in ids]
-            shifts = self._shifts(ids) if self.config.position == "fixed" else {}
+        parts, shifts = layer.plan(query)
         self._prefetch_for(layer_idx + 1)
         self._last_selection[layer_idx] = [s.page_id for s, _ in parts]
         pin = {(self.page_keys[s.page_id], layer_idx) for s, _ in parts}
         ks, vs, pos = [], [], []
         for s, off in parts:
-            k, v = self._page_kv(s.page_id, layer_idx, pin)
+            k, v = self.page_kv(s.page_id, layer_idx, pin)
             ks.append(k[:, off:]), vs.append(v[:, off:])
             pos.append(torch.arange(s.start + off, s.end, device=query.device))
         if shifts:
@@ -241,6 +280,10 @@ class TieredCache(Cache):
         mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
                           q_offset=end - q)
         return k_all, v_all, mask
+
+    def last_selection(self, layer_idx: int) -> list[int]:
+        """Page ids of the layer's most recent working set (sealed pages only), position order."""
+        return list(self._last_selection.get(layer_idx, ()))
 
     def _rerotate_parts(self, ks: list[torch.Tensor], shifts: list[int], layer_idx: int) -> None:
         """Move the keys of every part with a non-zero shift, in place in `ks`, in one rotation: one
@@ -260,7 +303,7 @@ class TieredCache(Cache):
         """Start reading what `layer_idx` used last time, while this layer computes."""
         self.prefetcher.admit_ready()
         ids = self._last_selection.get(layer_idx % len(self.layers), ())
-        written = len(self.page_keys) - len(self._unwritten)
+        written = self.num_written
         self.prefetcher.submit(self.page_keys[i] for i in ids if i < written)
 
     def close(self) -> None:
@@ -271,31 +314,7 @@ class TieredCache(Cache):
         """More sealed pages than one working set holds: attention retrieves (and `fixed` moves pages)."""
         return len(self.spans) > self.config.capacity_pages
 
-    def _select(self, layer_idx: int, query: torch.Tensor) -> list[int]:
-        c, n = self.config, len(self.spans)
-        if not self.retrieving:
-            return list(range(n))
-        hq, hkv = query.shape[1], self.layout.num_kv_heads
-        if c.relative_scoring:
-            # Summaries hold page-relative keys; move the queries so that a page at relative 0 sits
-            # where the nearest far page is attended: right before the local window.
-            from tieredkv.rotary import rerotate
-
-            query = rerotate(self.model, query, self.page_size - self.spans[self._local_first()].start, layer_idx)
-        # queries grouped by the KV head they read (GQA: query head j reads KV head j // (Hq/Hkv))
-        grouped = query[0].reshape(hkv, hq // hkv, query.shape[2], -1).reshape(hkv, -1, query.shape[-1])
-        exclude = retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)
-        found = self.index.union_topk(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
-        self.retrieval_log.append(list(found))
-        return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=[*found, *self.reencoded])
-
-    def _shifts(self, ids: list[int]) -> dict[int, int]:
-        if not self.retrieving:
-            return {}
-        local_first = self._local_first()
-        far = [i for i in ids if i < local_first]
-        return fixed_positions(self.spans, far, self.spans[local_first].start)
-
-    def _local_first(self) -> int:
+    @property
+    def local_first(self) -> int:
         """The first page of the local window."""
         return max(0, len(self.spans) - self.config.local_pages)

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 POSITION_POLICIES = ("own", "fixed")
+AUTO = "auto"  # TieredConfig(position=AUTO).resolve(model, num_tokens) picks one of POSITION_POLICIES
 SCORE_FRAMES = ("attended", "own")
 TOPK_DEFAULTS = {"own": 16, "fixed": 8}
 
@@ -59,15 +60,15 @@ class TieredConfig:
     def __post_init__(self):
         from index import SUMMARY_METHODS
 
-        if self.position not in POSITION_POLICIES:
-            raise ValueError(f"position must be one of {POSITION_POLICIES}, got {self.position!r}")
-        if self.topk_pages is None:
+        if self.position not in (*POSITION_POLICIES, AUTO):
+            raise ValueError(f"position must be one of {(*POSITION_POLICIES, AUTO)}, got {self.position!r}")
+        if self.topk_pages is None and self.position != AUTO:
             object.__setattr__(self, "topk_pages", TOPK_DEFAULTS[self.position])  # frozen: resolve once
         if self.page_size is not None and self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_pages < 1:
             raise ValueError(f"chunk_pages must be >= 1, got {self.chunk_pages}")
-        if self.sink_pages < 0 or self.local_pages < 1 or self.topk_pages < 0:
+        if self.sink_pages < 0 or self.local_pages < 1 or (self.topk_pages or 0) < 0:
             raise ValueError("sink_pages >= 0, local_pages >= 1 and topk_pages >= 0 are required")
         if self.summary not in SUMMARY_METHODS:
             raise ValueError(f"summary must be one of {SUMMARY_METHODS}, got {self.summary!r}")
@@ -75,9 +76,25 @@ class TieredConfig:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.write_batch < 1:
             raise ValueError("write_batch must be >= 1")
-        if self.reencode_pages < 0 or (self.reencode_pages and self.position != "fixed"):
+        if self.reencode_pages < 0 or (self.reencode_pages and self.position == "own"):
             raise ValueError(f"reencode_pages must be >= 0, and is for position='fixed' only "
                              f"(got {self.reencode_pages} with position={self.position!r})")
+
+    def resolve(self, model, num_tokens: int) -> "TieredConfig":
+        """A concrete config for a context of `num_tokens` (document, question and answer) on `model`.
+
+        position "auto": own positions (exact) when the context fits the model's trained window or
+        its keys cannot be moved (learned positions), else the fixed-distance policy. Fields left at
+        None take the chosen policy's defaults (TOPK_DEFAULTS). A concrete config is returned as is."""
+        if self.position != AUTO:
+            return self
+        window = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+        fits = window is None or num_tokens <= window
+        position = "own" if fits or not _can_move_keys(model) else "fixed"
+        if position == "own" and self.reencode_pages:
+            raise ValueError(f"reencode_pages={self.reencode_pages}: re-encoding is for the fixed policy, and "
+                             f"{num_tokens:,} tokens fit this model's window ({window:,}): own positions apply")
+        return replace(self, position=position)  # topk_pages still None: the policy's default
 
     @property
     def capacity_pages(self) -> int:
@@ -109,3 +126,15 @@ class TieredConfig:
         with retrieval attention are other bytes than a full-attention deposit of the same tokens."""
         blob = json.dumps({"model": model_fingerprint, "regime": self.regime(page_size)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _can_move_keys(model) -> bool:
+    """Whether the fixed-distance policy can re-rotate this model's keys (no: learned positions)."""
+    from tieredkv.errors import UnsupportedModelError
+    from tieredkv.rotary import rotary_module
+
+    try:
+        rotary_module(model)
+        return True
+    except UnsupportedModelError:
+        return False

@@ -22,9 +22,10 @@ from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads
+from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.schedule import canonical_chunks
 from tieredkv.tiered_cache import TieredCache, page_summaries
-from tieredkv.tiered_config import TieredConfig
+from tieredkv.tiered_config import AUTO, TieredConfig
 from tieredkv.working_set import Span
 
 
@@ -38,8 +39,14 @@ def working_set_bytes(lm: LoadedModel, config: TieredConfig) -> int:
 class TieredModel:
     """Wraps a loaded model; owns one growing context (`self.cache`) backed by `store`."""
 
-    def __init__(self, lm: LoadedModel, store: PageStore, config: TieredConfig = TieredConfig()):
+    def __init__(self, lm: LoadedModel, store: PageStore, config: TieredConfig = TieredConfig(), *,
+                 policy: PlacementPolicy | None = None):
+        if config.position == AUTO:
+            raise ValueError("TieredConfig(position='auto') must be resolved for a context first: "
+                             "config.resolve(lm.model, num_tokens)")
         self.lm, self.store, self.config = lm, store, config
+        # which pages full-attention layers attend to, and where (tieredkv/placement.py)
+        self.policy = policy if policy is not None else policy_for(config.position)
         self.page_size = config.page_size or lm.default_page_size
         self.base_attn = lm.model.config._attn_implementation
         if self.base_attn.startswith("tiered"):
@@ -72,7 +79,17 @@ class TieredModel:
         if getattr(self, "cache", None) is not None:
             self.cache.close()
         self.cache = TieredCache(self.lm.model, self.store, self.config, fingerprint=self.regime_fp,
-                                 page_size=self.page_size)
+                                 page_size=self.page_size, policy=self.policy)
+
+    def use_policy(self, policy: PlacementPolicy) -> None:
+        """Attend with `policy` from now on (this context and the next ones): diagnostics install
+        oracles or other placements here (tieredkv/placement.py)."""
+        self.policy = self.cache.policy = policy
+
+    def keep_in_memory(self) -> None:
+        """Pages sealed from now on in this context (a question, its answer) stay in memory and are
+        never written: the store keeps the document only. `reset`, `ingest` and `graft` undo it."""
+        self.cache.writer.persist = False
 
     @property
     def model(self):

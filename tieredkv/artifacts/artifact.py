@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import DynamicCache
 
-from paging import ROOT_KEY, Page, PageLayout, PageStore, page_key
+from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
 from paging.errors import CorruptPageError, ManifestNotFoundError
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
@@ -150,7 +150,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
         pages = [store.get(k) for k in keys[:num_reused]]
         layout = pages[0].layout
         _fill_cache(cache, pages, lm.model.device)
-    pending: list[Page] = []
+    writer = PageWriter(store)
 
     def seal(s: int, e: int, _out) -> None:
         nonlocal layout
@@ -162,17 +162,13 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
         parent_key = keys[i - 1] if i else ROOT_KEY
         page = Page.seal(layout, fp, parent_key, s, ids[s:e], k, v)
         assert page.key == keys[i], "page key does not match the chain computed up front"
-        pending.append(page)
-        if len(pending) >= 8:
-            store.put_many(pending)
-            pending.clear()
+        writer.add(page)
         if progress is not None:
             progress(e, len(ids))
 
     start = num_reused * page_size if num_reused < len(keys) else len(ids)
-    prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)
-    if pending:
-        store.put_many(pending)
+    with writer:
+        prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)
     if layout is None:  # everything was reused
         layout = store.get(keys[0]).layout
     root = keys[-1]

@@ -33,13 +33,14 @@ import io
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
 from paging import PageLayout
+from paging.framing import PREFIX, pack_prefix, unpack_prefix
+from paging.page import MAX_HEADER_NBYTES as PAGE_MAX_HEADER_NBYTES
 from paging.errors import LayoutMismatchError
 from tieredkv.artifacts.artifact import MANIFEST_FORMAT, Artifact
 from tieredkv.domain import domain_id
@@ -49,11 +50,8 @@ from tieredkv.schedule import canonical_chunks
 MAGIC = b"TKVA"
 FILE_VERSION = 1
 FORMAT_NAME = "tieredkv.artifacts.artifact"
-PREFIX = struct.Struct("<4sIQ")  # magic, version, header_len
 MAX_HEADER_NBYTES = 64 << 20  # ~250 bytes per page: room for ~250k pages
 MAX_PAGE_NBYTES = 1 << 30
-_PAGE_PREFIX_NBYTES = 16  # Page.to_bytes framing: magic, version, header_len
-_MAX_PAGE_HEADER_NBYTES = 1 << 20  # paging.page.MAX_HEADER_NBYTES
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: no per-character alternation
 _ARTIFACT_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
@@ -149,7 +147,7 @@ def encode_header(art: Artifact, token_sha256: str, page_sections: list[tuple[in
     if len(header) > MAX_HEADER_NBYTES:
         raise ArtifactWriteError(f"artifact {art.artifact_id} needs a {len(header)}-byte header, over the "
                                  f"{MAX_HEADER_NBYTES}-byte cap; deposit it with a larger page size")
-    return PREFIX.pack(MAGIC, FILE_VERSION, len(header)) + header
+    return pack_prefix(MAGIC, FILE_VERSION, len(header)) + header
 
 
 # ----------------------------------------------------------------------------- reading
@@ -169,7 +167,7 @@ def read_header(src: str | os.PathLike | BinaryIO) -> ArtifactHeader:
     if len(prefix) < PREFIX.size:
         raise ArtifactTruncatedError(f"truncated: the file is {size} bytes, the fixed prefix alone is "
                                      f"{PREFIX.size}; re-copy or re-export it")
-    magic, version, header_len = PREFIX.unpack(prefix)
+    magic, version, header_len = unpack_prefix(prefix)
     if magic != MAGIC:
         raise ArtifactFormatError(f"not a tieredkv artifact: magic {magic!r}, expected {MAGIC!r}")
     if version != FILE_VERSION:
@@ -331,7 +329,7 @@ def _parse_page_sections(entries: Any, art: Artifact, bad) -> list[Section]:
             raise bad(f"page {i}: sha256 must be a sha256 hexdigest")
         begin, end = _parse_offsets(entry, f"page {i}", bad)
         payload = layout.payload_nbytes(sizes[i])
-        lo, hi = payload + _PAGE_PREFIX_NBYTES, payload + _PAGE_PREFIX_NBYTES + _MAX_PAGE_HEADER_NBYTES
+        lo, hi = payload + PREFIX.size, payload + PREFIX.size + PAGE_MAX_HEADER_NBYTES
         if not lo < end - begin <= min(hi, MAX_PAGE_NBYTES):
             raise bad(f"page {i} spans {end - begin} bytes; {sizes[i]} tokens of this layout need "
                       f"{lo + 1}..{min(hi, MAX_PAGE_NBYTES)}")

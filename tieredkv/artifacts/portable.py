@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 import psutil
 
-from paging import ROOT_KEY, Page, PageLayout, PageStore
+from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from paging.page import is_valid_page
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
 from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, artifact_id, load_artifact
@@ -38,7 +38,6 @@ from tieredkv.domain import check_domain, sha256_ids
 from tieredkv.errors import ModelMismatchError
 
 T = TypeVar("T")
-_WRITE_BATCH_NBYTES = 32 << 20  # pages per LMDB transaction on import, by bytes
 _PREFETCH_DEPTH = 2
 
 __all__ = ["ArtifactFormatError", "ArtifactIntegrityError", "ArtifactTruncatedError", "ArtifactVersionError",
@@ -167,18 +166,14 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
         with open(path, "rb") as f:
             if read_header(f).header_sha256 != header.header_sha256:
                 raise ArtifactIntegrityError("the file changed while it was imported; import it again")
-            batch, nbytes = [], 0
-            for i, blob in enumerate(_prefetch(iter_page_blobs(f, header))):  # pass 2: sha-checked again
-                page = Page.from_bytes(blob, expected_key=art.page_keys[i])
-                if not store.contains(page.key):
-                    added.append(page.key)
-                batch.append(page)
-                nbytes += len(blob)
-                if nbytes >= _WRITE_BATCH_NBYTES or i + 1 == len(art.page_keys):
-                    store.put_many(batch)
-                    batch, nbytes = [], 0
-                if progress is not None:
-                    progress(i + 1, len(art.page_keys))
+            with PageWriter(store, max_pages=len(art.page_keys)) as writer:  # batches by bytes
+                for i, blob in enumerate(_prefetch(iter_page_blobs(f, header))):  # pass 2: sha-checked again
+                    page = Page.from_bytes(blob, expected_key=art.page_keys[i])
+                    if not store.contains(page.key):
+                        added.append(page.key)
+                    writer.add(page)
+                    if progress is not None:
+                        progress(i + 1, len(art.page_keys))
         if bound is None:
             store.set_meta(STORE_FINGERPRINT_META, art.fingerprint)
         try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import sys
 import time
@@ -25,18 +26,6 @@ def _prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int
         q = codec.encode(f"\n\nAnswer from the document above in one or two sentences. Question: {question}" + post)
         return doc, q
     return codec.encode("Document:\n" + document), codec.encode(f"\nQ: {question}\nA:")
-
-
-def _can_move_keys(model) -> bool:
-    """Whether the fixed-distance policy can re-rotate this model's keys (no: learned positions)."""
-    from tieredkv.errors import UnsupportedModelError
-    from tieredkv.rotary import rotary_module
-
-    try:
-        rotary_module(model)
-        return True
-    except UnsupportedModelError:
-        return False
 
 
 def _find_artifact(store, name: str, regime: dict):
@@ -94,18 +83,17 @@ def cmd_qa(a) -> int:
     lm = load_model(a.model)
     store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
     doc_ids, q_ids = _prompt_parts(lm, document, question)
-    position = a.position
-    if position == "auto":  # own positions inside the model's window (exact), fixed distance beyond it
-        window = getattr(lm.model.config, "max_position_embeddings", None)
-        fits = window is None or len(doc_ids) + len(q_ids) + a.max_new_tokens <= window
-        position = "own" if fits or not _can_move_keys(lm.model) else "fixed"
+    # own positions inside the model's window (exact), fixed distance beyond it (TieredConfig.resolve)
+    config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
+                          topk_pages=a.topk_pages, position=a.position)
+    config = config.resolve(lm.model, len(doc_ids) + len(q_ids) + a.max_new_tokens)
+    position = config.position
     if a.reencode_pages is not None and (a.reencode_pages < 0 or (a.reencode_pages and position != "fixed")):
         raise TieredKVError(f"--reencode-pages {a.reencode_pages}: re-encoding takes N >= 0 and runs under the fixed "
                             f"policy only; this context runs under {position} positions. Pass --position fixed, "
                             "or drop --reencode-pages.")
     reencode = a.reencode_pages if a.reencode_pages is not None else (QA_REENCODE if position == "fixed" else 0)
-    config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
-                          topk_pages=a.topk_pages, position=position, reencode_pages=reencode)
+    config = dataclasses.replace(config, reencode_pages=reencode)
     name = "doc:" + hashlib.sha256(document.encode()).hexdigest()
     t0 = time.perf_counter()
     store_cfg = StoreConfig(lmdb_max_map_size=a.disk_budget, device_budget_bytes=working_set_bytes(lm, config))

@@ -1,0 +1,124 @@
+"""Placement policies: which sealed pages a full-attention layer attends to, and at which positions.
+
+    TieredCache.working_set(layer, query)
+        └─ layer.plan(query)                          the layer kind decides (LAYER_KINDS below)
+             ├─ SlidingWindowLayer: exactly its window, own positions (no policy involved)
+             └─ FullAttentionLayer: policy.select(ctx, layer, query) -> page ids, position order
+                                    policy.place(ctx, page ids)      -> page id -> position shift
+
+A policy sees the context through its cache (`ctx`): `spans`, `config`, `index`, `retrieving`,
+`local_first`, `reencoded`. It decides; the cache fetches pages, moves keys and builds the mask.
+
+    own     OwnPositions   every key at its absolute position (exact; the default inside the window)
+    fixed   FixedDistance  sink and retrieved pages packed right before the local window (InfLLM;
+                           approximate; for contexts beyond the model's window)
+
+Diagnostics subclass or wrap a policy (`ForcedPages`) and install it with
+`TieredModel.use_policy`, instead of replacing the cache's methods.
+"""
+from __future__ import annotations
+
+from typing import ClassVar, Iterable
+
+import torch
+
+from tieredkv.working_set import fixed_positions, retrieval_excluded, select_pages
+
+
+def grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """query [1, Hq, q, D] -> [Hkv, G*q, D]: the queries that read each KV head (GQA: query head j
+    reads KV head j // G)."""
+    hq, q, d = query.shape[1], query.shape[2], query.shape[3]
+    return query[0].reshape(num_kv_heads, hq // num_kv_heads, q, d).reshape(num_kv_heads, -1, d)
+
+
+class PlacementPolicy:
+    """Select pages for a full-attention layer and a query chunk, and place them.
+
+    The base class retrieves with the page index (each KV head's top-k, union over heads) and keeps
+    every key at its own position. Subclasses override `scoring_query` (where pages are scored),
+    `retrieve` (which pages) or `place` (where they sit)."""
+
+    name: ClassVar[str] = "own"
+
+    def select(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
+        """Page ids this layer attends to, in position order: every page while the context fits one
+        working set, else sink + retrieved + re-encoded + local pages."""
+        n, c = len(ctx.spans), ctx.config
+        if not ctx.retrieving:
+            return list(range(n))
+        found = self.retrieve(ctx, layer_idx, query)
+        ctx.retrieval_log.append(list(found))
+        return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=[*found, *ctx.reencoded])
+
+    def retrieve(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
+        """Far pages (not sink, not local) the index scores highest for `query`, union over KV heads."""
+        c = ctx.config
+        grouped = grouped_queries(self.scoring_query(ctx, layer_idx, query), ctx.layout.num_kv_heads)
+        exclude = retrieval_excluded(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
+        return ctx.index.union_topk(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
+
+    def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+        return query
+
+    def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
+        """Page id -> position shift for the pages this layer attends to ({}: own positions)."""
+        return {}
+
+
+class OwnPositions(PlacementPolicy):
+    """Every key at its absolute position: exact, and meant for contexts inside the model's window."""
+
+    name = "own"
+
+
+class FixedDistance(PlacementPolicy):
+    """InfLLM-style: sink and retrieved pages sit right before the local window, so attention never
+    spans more than one working set. With `score_frame="attended"` pages are scored there too:
+    summaries hold page-relative keys and the queries are moved to match."""
+
+    name = "fixed"
+
+    def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+        if not ctx.config.relative_scoring:
+            return query
+        from tieredkv.rotary import rerotate
+
+        # a page at relative 0 sits where the nearest far page is attended: right before the local window
+        return rerotate(ctx.model, query, ctx.page_size - ctx.spans[ctx.local_first].start, layer_idx)
+
+    def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
+        if not ctx.retrieving:
+            return {}
+        first = ctx.local_first
+        return fixed_positions(ctx.spans, [i for i in page_ids if i < first], ctx.spans[first].start)
+
+
+POLICIES: dict[str, type[PlacementPolicy]] = {"own": OwnPositions, "fixed": FixedDistance}
+
+
+def policy_for(position: str) -> PlacementPolicy:
+    return POLICIES[position]()
+
+
+class ForcedPages(PlacementPolicy):
+    """Oracle retrieval for diagnostics: `base`'s selection plus `pages` (or, with `replace`, `pages`
+    instead of what retrieval found; sink and local pages stay). Placement is `base`'s. The retrieval
+    log records what the index found, or `pages` when they replace it."""
+
+    def __init__(self, base: PlacementPolicy, pages: Iterable[int], *, replace: bool = False):
+        self.base, self.pages, self.replace = base, sorted({int(p) for p in pages}), replace
+        self.name = f"{base.name}+forced"
+
+    def select(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
+        ids = self.base.select(ctx, layer_idx, query)
+        if not ctx.retrieving:
+            return ids
+        if not self.replace:
+            return sorted(set(ids) | set(self.pages))
+        ctx.retrieval_log[-1] = list(self.pages)
+        c = ctx.config
+        return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=self.pages)
+
+    def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
+        return self.base.place(ctx, page_ids)
