@@ -21,16 +21,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import environment, write_report  # noqa: E402
-from longctx_tasks import TASKS  # noqa: E402
+from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.placement import ForcedPages  # noqa: E402
 from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
+from tieredkv.qa import qa_config  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
-SYSTEMS = ("plain", "tiered-own", "tiered-fixed")
+SYSTEMS = ("plain", "tiered-own", "tiered-fixed", "tiered-qa")
+# "tiered-qa" answers as `tieredkv qa` does (tieredkv.qa.qa_config: own positions inside the window,
+# fixed with question-time reading beyond it); the others take their config from the flags.
 # Diagnostic systems (not in the default run): "tiered-fixed-oracle" / "tiered-own-oracle" add the
 # answering needle's pages to every layer's retrieval while the question and answer run. Where the
 # oracle answers and the same system without it does not, retrieval is what failed; where neither
@@ -78,6 +81,26 @@ def run_tiered(lm, task, max_new: int, position: str, cfg_kw: dict,
             tm.close()
 
 
+def run_qa(lm, task, max_new: int) -> tuple[list[int], dict]:
+    """As `tieredkv qa` answers: the document ingested as an artifact under the QA configuration for
+    its length, then the question (with question-time reading beyond the window)."""
+    config = qa_config(lm, len(task.doc_ids) + len(task.question_ids) + max_new)
+    question = lm.codec.decode(task.question_ids)
+    with tempfile.TemporaryDirectory(prefix="tkv-passkey-") as d, PageStore(d, StoreConfig()) as store:
+        tm = TieredModel(lm, store, config)
+        try:
+            tm.ingest(task.doc_ids)
+            tm.keep_in_memory()
+            out = tm.generate(task.question_ids, max_new_tokens=max_new, question=question)
+            needle = task.needle_pages(tm.page_size)
+            read = tm.last_reading
+            return out, {"needle_retrieved": None if read is None else bool(needle & set(read.pages)),
+                         "position": config.position, "read_pages": None if read is None else read.pages,
+                         "needle_pages": sorted(needle)}
+        finally:
+            tm.close()
+
+
 def _write(a, lm, cfg_kw, rows) -> list[dict]:
     summary: dict = {}
     for r in rows:
@@ -117,6 +140,9 @@ def main(argv=None) -> int:
                          "(default), or continue its unsealed last page (rows made before 2026-11-29)")
     ap.add_argument("--reencode-pages", type=int, default=0,
                     help="tiered-fixed: TieredConfig.reencode_pages (re-encode the question's most-retrieved pages)")
+    ap.add_argument("--haystack", default="filler", choices=HAYSTACKS,
+                    help="filler: the repeated filler sentences (the needle is the only distinct text); prose: the "
+                         "Python language reference")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
@@ -132,13 +158,15 @@ def main(argv=None) -> int:
     for task_name, n in plan:
         for depth in [float(x) for x in a.depths.split(",")]:
             for seed in range(a.first_seed, a.first_seed + a.seeds):
-                task = TASKS[task_name](lm.codec, n, depth, seed)
+                task = TASKS[task_name](lm.codec, n, depth, seed, haystack=a.haystack)
                 for system in a.systems.split(","):
                     if system == "plain" and a.plain_max and n > a.plain_max:
                         continue
                     t0 = time.perf_counter()
                     if system == "plain":
                         out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
+                    elif system == "tiered-qa":
+                        out, extra = run_qa(lm, task, a.max_new_tokens)
                     else:
                         out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
                                                 oracle=system.endswith("-oracle"), ask_after=a.ask_after)

@@ -7,7 +7,7 @@ Sub-databases::
     quarantine  page key                 -> raw bytes that failed verification
     meta        name (utf-8)             -> value (utf-8); internal names start "__paging"
 
-NOTE (py-lmdb rules, see REFERENCES.md): never writemap (full disk -> SIGBUS); one
+NOTE (py-lmdb rules, see docs/REFERENCES.md): never writemap (full disk -> SIGBUS); one
 environment per path per process; every transaction in `with`, bytes copied out before
 it ends; grow the map only with no transaction open (hence `_lock`); open after fork.
 """

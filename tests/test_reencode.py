@@ -132,23 +132,30 @@ def test_reencode_is_for_fixed_and_not_part_of_the_regime():
     assert on.regime_fingerprint("m", 32) == off.regime_fingerprint("m", 32)  # the same stored bytes
 
 
-def test_qa_reencodes_under_fixed_by_default_and_grafts_the_same_artifact(tmp_path, capsys):
+def test_qa_reads_under_fixed_by_default_and_grafts_the_same_artifact(tmp_path, capsys):
     import json
 
     from tieredkv.cli import main
+    from tieredkv.qa import QA_READING
 
     doc = tmp_path / "doc.txt"
     doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
-    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store",
+    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour is the secret?", "--store",
             str(tmp_path / "s"), "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json",
             "--quiet", "--position", "fixed"]
     assert main(args) == 0
     on = json.loads(capsys.readouterr().out)
-    assert on["context"] == "ingested" and on["reencoded_pages"][0] == 0 and 2 <= len(on["reencoded_pages"]) <= 9
-    assert main([*args, "--reencode-pages", "0"]) == 0
+    assert on["context"] == "ingested" and on["attended"] == "read" and on["reading"]["pages"] == QA_READING.pages
+    # one page holds the question's words ("secret", "colour"): it and its neighbours are read, with the sink
+    secret = next(p for p in on["pages_shown"] if "secret" in p["text"])
+    assert secret["rank"] == 1 and on["reencoded_pages"] == [0, secret["page"] - 1, secret["page"], secret["page"] + 1]
+    assert main([*args, "--read-pages", "0"]) == 0  # no reading: attention retrieves from the stored pages
     off = json.loads(capsys.readouterr().out)
     assert off["context"].startswith("grafted") and off["artifact"] == on["artifact"]
-    assert off["reencoded_pages"] == []
+    assert off["reencoded_pages"] == [] and off["attended"] == "retrieved" and off["reading"] is None
+    assert main([*args, "--read-pages", "0", "--reencode-pages", "3"]) == 0  # the earlier question-time step
+    beside = json.loads(capsys.readouterr().out)
+    assert beside["attended"] == "retrieved" and beside["reencoded_pages"][0] == 0 and len(beside["reencoded_pages"]) <= 4
 
 
 def test_qa_refuses_reencoding_under_own_positions(tmp_path, capsys):
@@ -159,6 +166,7 @@ def test_qa_refuses_reencoding_under_own_positions(tmp_path, capsys):
     base = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What?", "--store", str(tmp_path / "s"),
             "--quiet"]
     assert main([*base, "--position", "own", "--reencode-pages", "4"]) == 2
-    assert "--position fixed" in capsys.readouterr().err
+    assert "--position" in capsys.readouterr().err
     assert main([*base, "--position", "fixed", "--reencode-pages", "-1"]) == 2
+    assert main([*base, "--position", "fixed", "--read-neighbours", "-1"]) == 2
     assert not (tmp_path / "s").exists()  # refused before any store or model work

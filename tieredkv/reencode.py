@@ -29,7 +29,6 @@ from typing import Sequence
 import torch
 
 from tieredkv import attention
-from tieredkv.working_set import fixed_positions
 
 
 def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
@@ -53,30 +52,46 @@ def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
     return sorted(sorted(votes, key=lambda p: (-votes[p], p))[:count])
 
 
-def reencode(cache, pages: Sequence[int]) -> list[int]:
-    """Compute the sink pages and `pages` (those before the local window) afresh, together, and
-    install their K/V in `cache.reencoded`. Returns the page ids re-encoded (position order)."""
+def reencode(cache, pages: Sequence[int], *, end: int | None = None, keep_packed: bool = False,
+             sink_tokens: int | None = None) -> list[int]:
+    """Compute the sink pages and `pages` (those before `end`) afresh, together, packed right before
+    `end`, and install their K/V in `cache.reencoded`. Returns the page ids re-encoded (position order).
+
+    `end` None: the local window's start, where `fixed` packs far pages; keys are moved back to their
+    own positions so each layer packs them with what it retrieves. `keep_packed`: keys stay where they
+    were computed (a policy that attends to them there, `reading.CompactReading`, moves nothing).
+    `sink_tokens`: only the context's first tokens stand for the sink (its frame), not whole sink pages."""
     from tieredkv.rotary import rerotate
 
-    spans, first = cache.spans, cache.local_first
-    far = sorted({*range(min(cache.config.sink_pages, first)), *(int(p) for p in pages if int(p) < first)})
+    spans = cache.spans
+    if end is None:
+        first = cache.local_first
+        end, eligible = spans[first].start, range(first)
+    else:
+        eligible = range(sum(s.end <= end for s in spans))
+    sinks = range(min(cache.config.sink_pages, len(eligible)))
+    far = sorted({*sinks, *(int(p) for p in pages if int(p) in eligible)})
     if not far:
         return []
-    shifts = fixed_positions(spans, far, spans[first].start)
-    ids = [t for p in far for t in cache.store.get(cache.page_keys[p]).token_ids]  # verified pages
-    start = spans[far[0]].start + shifts[far[0]]
+    ids = {p: cache.page_token_ids(p) for p in far}
+    if sink_tokens is not None:
+        ids[0] = [t for p in sinks for t in ids[p]][:sink_tokens]
+        far = [p for p in far if p not in sinks or p == 0]
+    total = sum(len(ids[p]) for p in far)
+    start = end - total  # packed: the first re-encoded token sits here, the last right before `end`
     model = cache.model
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids], device=model.device),
-                    position_ids=torch.arange(start, start + len(ids), device=model.device)[None],
-                    use_cache=True, logits_to_keep=1)
+        out = model(input_ids=torch.tensor([[t for p in far for t in ids[p]]], device=model.device),
+                    position_ids=torch.arange(start, end, device=model.device)[None], use_cache=True,
+                    logits_to_keep=1)
     layers, at, fresh = out.past_key_values.layers, 0, {}
     for p in far:
-        n = spans[p].end - spans[p].start
+        n, shift = len(ids[p]), start + at - spans[p].start
         # NOTE: sliding-window layers keep reading the stored page (and their fresh cache holds only
         # the window): they get None
         fresh[p] = [None if cache.layers[i].is_sliding else
-                    (rerotate(model, x.keys[0, :, at:at + n], -shifts[p], i), x.values[0, :, at:at + n])
+                    (x.keys[0, :, at:at + n] if keep_packed else rerotate(model, x.keys[0, :, at:at + n], -shift, i),
+                     x.values[0, :, at:at + n])
                     for i, x in enumerate(layers)]
         at += n
     cache.adopt_reencoded(fresh)

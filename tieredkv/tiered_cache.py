@@ -10,6 +10,7 @@ never the working-set size.
 """
 from __future__ import annotations
 
+import array
 import collections
 import hashlib
 import json
@@ -142,6 +143,8 @@ class TieredCache(Cache):
         self.page_size = page_size
         self.fingerprint = fingerprint  # regime fingerprint: what page keys hash
         self.token_ids: list[int] = []  # ids of unsealed tokens (filled by the embedding hook)
+        # ids of each sealed page (int32; None for an attached page whose ids were not given: read from the store)
+        self.sealed_ids: list[array.array | None] = []
         self.spans: list[Span] = []
         self.page_keys: list[str] = []
         self.layout: PageLayout | None = None
@@ -156,6 +159,7 @@ class TieredCache(Cache):
         # page id -> per layer (K, V), computed afresh at question time (tieredkv/reencode.py); full-attention
         # layers read these instead of the stored page, and always hold them in their working set
         self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.lexical_index = None  # BM25 over page text, built at a question's first reading (tieredkv/reading.py)
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -204,16 +208,20 @@ class TieredCache(Cache):
         parent = self.page_keys[-1] if self.page_keys else ROOT_KEY
         page = Page.seal(layout, self.fingerprint, parent, start, ids, [k for k, _ in kv], [v for _, v in kv])
         page_id = len(self.spans)
+        self.sealed_ids.append(array.array("i", ids))
         self.spans.append(Span(page_id, start, end))
         self.page_keys.append(page.key)
         self.index.add(page_id, page_summaries(self.model, self.config, [k for k, _ in kv], start))
         self.writer.add(page)
 
     # ------------------------------------------------------------------ grafting
-    def attach(self, page_keys: list[str], spans: list[Span], layout: PageLayout, index: PageIndex) -> None:
-        """Adopt already-stored pages as this context's past (own positions); nothing is copied yet."""
+    def attach(self, page_keys: list[str], spans: list[Span], layout: PageLayout, index: PageIndex,
+               token_ids: Sequence[int] | None = None) -> None:
+        """Adopt already-stored pages as this context's past (own positions); nothing is copied yet.
+        `token_ids`: the context's ids, if the caller holds them verified (else pages are read for them)."""
         assert not self.spans and not self.layers[0].is_initialized, "attach into a fresh cache only"
         self.page_keys, self.spans, self.layout, self.index = list(page_keys), list(spans), layout, index
+        self.sealed_ids = [None if token_ids is None else array.array("i", token_ids[s.start:s.end]) for s in spans]
         n = spans[-1].end if spans else 0
         for layer in self.layers:
             layer.num_tokens = n
@@ -230,6 +238,13 @@ class TieredCache(Cache):
         self.reencoded.update(kv)
         blob = json.dumps({"regime": self.fingerprint, "reencoded": sorted(self.reencoded)}, sort_keys=True)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
+
+    def page_token_ids(self, page_id: int) -> list[int]:
+        """Token ids of a sealed page (from memory, else from the store's verified page)."""
+        ids = self.sealed_ids[page_id]
+        if ids is None:
+            ids = self.sealed_ids[page_id] = array.array("i", self.store.get(self.page_keys[page_id]).token_ids)
+        return ids.tolist()
 
     # ------------------------------------------------------------------ the working set
     @property
@@ -269,7 +284,8 @@ class TieredCache(Cache):
         for s, off in parts:
             k, v = self.page_kv(s.page_id, layer_idx, pin)
             ks.append(k[:, off:]), vs.append(v[:, off:])
-            pos.append(torch.arange(s.start + off, s.end, device=query.device))
+            # NOTE: the page's own positions; a re-encoded sink may hold only the page's first tokens
+            pos.append(torch.arange(s.start + off, s.start + k.shape[1], device=query.device))
         if shifts:
             self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
         ks.append(layer.keys), vs.append(layer.values)

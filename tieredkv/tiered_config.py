@@ -9,6 +9,27 @@ POSITION_POLICIES = ("own", "fixed")
 AUTO = "auto"  # TieredConfig(position=AUTO).resolve(model, num_tokens) picks one of POSITION_POLICIES
 SCORE_FRAMES = ("attended", "own")
 TOPK_DEFAULTS = {"own": 16, "fixed": 8}
+READING_SIGNALS = ("attention", "lexical", "hybrid")
+
+
+@dataclass(frozen=True)
+class ReadingConfig:
+    """How a question reads a long context (`TieredConfig.reading`)."""
+
+    pages: int = 8  # document pages read afresh (besides the sink)
+    signal: str = "hybrid"  # "attention", "lexical" or "hybrid" (both, fused by reciprocal rank)
+    neighbours: int = 1  # pages either side of each chosen page
+    # The context's first tokens that frame it (a chat template's header and instructions): read in place
+    # of the whole sink page, whose rest (the document's start) is then a candidate like any other page.
+    # None: the sink pages are read whole.
+    frame_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.pages < 1 or self.neighbours < 0 or (self.frame_tokens is not None and self.frame_tokens < 1):
+            raise ValueError(f"reading needs pages >= 1, neighbours >= 0 and frame_tokens >= 1 (or None), got "
+                             f"{self.pages}, {self.neighbours}, {self.frame_tokens}")
+        if self.signal not in READING_SIGNALS:
+            raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,9 @@ class TieredConfig:
     # most are computed afresh together, at the positions `fixed` packs them to (tieredkv/reencode.py).
     # Nothing stored changes. 0 (the default): off.
     reencode_pages: int = 0
+    # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves, find the
+    # passages it is about and read them afresh right before it (tieredkv/reading.py). None: off.
+    reading: ReadingConfig | None = None
 
     def __post_init__(self):
         from index import SUMMARY_METHODS
@@ -76,6 +100,8 @@ class TieredConfig:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.write_batch < 1:
             raise ValueError("write_batch must be >= 1")
+        if self.reading is not None and (self.position == "own" or self.reencode_pages):
+            raise ValueError("reading is for position='fixed' (or 'auto'), and replaces reencode_pages: give one")
         if self.reencode_pages < 0 or (self.reencode_pages and self.position == "own"):
             raise ValueError(f"reencode_pages must be >= 0, and is for position='fixed' only "
                              f"(got {self.reencode_pages} with position={self.position!r})")
@@ -94,7 +120,9 @@ class TieredConfig:
         if position == "own" and self.reencode_pages:
             raise ValueError(f"reencode_pages={self.reencode_pages}: re-encoding is for the fixed policy, and "
                              f"{num_tokens:,} tokens fit this model's window ({window:,}): own positions apply")
-        return replace(self, position=position)  # topk_pages still None: the policy's default
+        # reading is what a question does beyond the window; inside it the model reads the whole context
+        # topk_pages, if None, takes the chosen policy's default
+        return replace(self, position=position, reading=self.reading if position == "fixed" else None)
 
     @property
     def capacity_pages(self) -> int:
@@ -115,6 +143,7 @@ class TieredConfig:
         d = asdict(self)
         d.pop("write_batch")
         d.pop("reencode_pages")  # question-time only: the stored pages are the same bytes
+        d.pop("reading")
         if self.position != "fixed" or self.score_frame == "own":
             # no effect under "own"; "own" is what fixed-policy regimes recorded before the field existed
             d.pop("score_frame")

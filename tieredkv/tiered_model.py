@@ -9,10 +9,12 @@ The model's own `forward()` / `generate()` run unchanged; attention sees a bound
 """
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from index import IndexStaleError, PageIndex
@@ -66,6 +68,7 @@ class TieredModel:
                           f"working set ({need / 2**20:.0f} MiB): pages will be copied in again at every step. "
                           "Size it with StoreConfig(device_budget_bytes=tieredkv.working_set_bytes(lm, config)).",
                           ResourceWarning, stacklevel=2)
+        self.last_reading = None  # what the last question read (tieredkv/reading.py), if it read
         self.reset()
 
     @classmethod
@@ -147,14 +150,26 @@ class TieredModel:
         return out.logits
 
     @torch.inference_mode()
-    def generate(self, new_ids: Sequence[int], *, max_new_tokens: int = 32, **kwargs) -> list[int]:
+    def generate(self, new_ids: Sequence[int], *, max_new_tokens: int = 32, question: str | None = None,
+                 **kwargs) -> list[int]:
         """Prefill `new_ids` (page-aligned), then greedy-decode with the model's own `generate()`.
-        With `config.reencode_pages`, a sealed context that retrieves is first re-encoded for
-        `new_ids` (tieredkv/reencode.py)."""
-        if self.config.reencode_pages and self._sealed_and_retrieving() and not self.cache.reencoded:
-            from tieredkv.reencode import probe, reencode
 
-            reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
+        Over a sealed context that retrieves (right after `ingest` or `graft`), a question first reads:
+        with `config.reading`, the passages it is about are read afresh right before it
+        (tieredkv/reading.py; `question` is the text its words are matched with, default the decoded
+        `new_ids`; what was read is in `last_reading`); with `config.reencode_pages`, its
+        most-retrieved pages are re-encoded beside each layer's retrieval (tieredkv/reencode.py)."""
+        self.last_reading = None
+        if self._sealed_and_retrieving() and not self.cache.reencoded:
+            if self.config.reading is not None:
+                from tieredkv.reading import read
+
+                query = question if question is not None else self.lm.codec.decode(list(new_ids))
+                self.last_reading = read(self.cache, new_ids, query, self.config.reading, self.lm.codec)
+            elif self.config.reencode_pages:
+                from tieredkv.reencode import probe, reencode
+
+                reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
         if len(new_ids) > 1:
             self.prefill(list(new_ids)[:-1])
         n = self.num_tokens
@@ -204,6 +219,7 @@ class TieredModel:
                        self.cache.layout.to_dict(), name)
         self.store.put_manifest(art.artifact_id, art.to_json())
         self.cache.index.save(self._index_path(art))
+        self._save_token_ids(art, ids)
         return art
 
     def graft(self, artifact: Artifact | str, *, allow_domain_mismatch: bool = False,
@@ -218,13 +234,33 @@ class TieredModel:
         spans = [Span(i, s, e) for i, (s, e) in enumerate(canonical_chunks(0, art.num_tokens, art.page_size))]
         self.reset()
         index = self._load_or_rebuild_index(art, layout, progress)
-        self.cache.attach(list(art.page_keys), spans, layout, index)
+        self.cache.attach(list(art.page_keys), spans, layout, index, token_ids=self._load_token_ids(art))
         return art
 
     def _index_path(self, art: Artifact) -> Path:
         path = Path(self.store.path) / "indexes" / f"{art.artifact_id}.{self.config.summary}.faiss"
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
+
+    def _token_ids_path(self, art: Artifact) -> Path:
+        return self._index_path(art).with_name(f"{art.artifact_id}.token_ids")
+
+    def _save_token_ids(self, art: Artifact, ids: Sequence[int]) -> None:
+        """The context's token ids beside its index (derived data, checked against the manifest when
+        read): a question matches words against page text without reading whole pages."""
+        path = self._token_ids_path(art)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(np.asarray(ids, dtype="<i4").tobytes())
+        os.replace(tmp, path)
+
+    def _load_token_ids(self, art: Artifact) -> list[int] | None:
+        """The saved token ids if they hash to the manifest's `token_ids_sha256`, else None (the cache
+        then reads them from the verified pages when asked)."""
+        try:
+            ids = np.frombuffer(self._token_ids_path(art).read_bytes(), dtype="<i4").tolist()
+        except (OSError, ValueError):
+            return None
+        return ids if len(ids) == art.num_tokens and sha256_ids(ids) == art.token_ids_sha256 else None
 
     def _load_or_rebuild_index(self, art: Artifact, layout: PageLayout, progress) -> PageIndex:
         """The index is derived data: load it if it matches the artifact, else rebuild it from the pages."""

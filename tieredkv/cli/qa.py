@@ -3,40 +3,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import sys
 import time
 from pathlib import Path
 
 from tieredkv.cli.common import model_arg, print_json
-
-# Under the fixed policy, re-encode the sink and this many most-retrieved pages before answering
-# (TieredConfig.reencode_pages; measured in bench/placement_sweep.py, see the README).
-QA_REENCODE = 8
-
-
-def _prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int]]:
-    """Token ids of (document part, question part) of one chat turn, so the document can be reused."""
-    from tieredkv.text_codec import chat_frame
-
-    codec = lm.codec
-    if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
-        pre, post = chat_frame(codec)
-        doc = codec.encode(pre + "Read this document.\n\n" + document)
-        q = codec.encode(f"\n\nAnswer from the document above in one or two sentences. Question: {question}" + post)
-        return doc, q
-    return codec.encode("Document:\n" + document), codec.encode(f"\nQ: {question}\nA:")
-
-
-def _find_artifact(store, name: str, regime: dict):
-    from tieredkv.artifacts.artifact import Artifact
-
-    for art_id in store.list_manifests():
-        art = Artifact.from_json(store.get_manifest(art_id))
-        if art.name == name and art.domain.get("regime") == regime:
-            return art
-    return None
-
 
 class _IngestBar:
     """tqdm bar with tokens/s, pages and bytes per tier."""
@@ -66,12 +37,55 @@ class _IngestBar:
             self.bar.close()
 
 
+def _config(a, lm, num_tokens: int):
+    """TieredConfig of this question: the library's QA defaults (tieredkv.qa.qa_config) and the flags."""
+    from tieredkv.errors import TieredKVError
+    from tieredkv.qa import QA_READING, qa_config
+    from tieredkv.tiered_config import ReadingConfig
+
+    fields = dict(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages, topk_pages=a.topk_pages,
+                  position=a.position)
+    reading_flags = {k: v for k, v in (("pages", a.read_pages), ("signal", a.read_signal),
+                                       ("neighbours", a.read_neighbours)) if v is not None}
+    try:
+        if a.reencode_pages:
+            fields.update(reencode_pages=a.reencode_pages, reading=None)
+        elif a.read_pages == 0:
+            fields["reading"] = None
+        elif reading_flags:
+            fields["reading"] = ReadingConfig(**{**dataclasses.asdict(QA_READING), **reading_flags})
+        return qa_config(lm, num_tokens, **fields)
+    except ValueError as e:  # a flag combination the configuration refuses
+        raise TieredKVError(f"{e}. Check --position and the reading flags (`tieredkv qa --help`).") from None
+
+
+def _shown_pages(tm, store, lm, count: int) -> tuple[str, list[dict]]:
+    """What the answer attended to beyond the local window: the pages the question read, best first,
+    or the pages retrieval brought in most often; ("fit", []) when the context fit the working set."""
+    if tm.last_reading is not None:
+        r, what = tm.last_reading, "read"
+        order = [p for p in r.ranked if p in set(r.pages)] + [p for p in r.pages if p not in set(r.ranked)]
+        counts = {p: i + 1 for i, p in enumerate(order)}
+    elif tm.cache.retrieval_log:
+        what, counts = "retrieved", dict(collections.Counter(p for sel in tm.cache.retrieval_log for p in sel))
+        order = sorted(counts, key=lambda p: (-counts[p], p))
+    else:
+        return "fit", []
+    out = []
+    for pid in order[:count]:
+        span = tm.cache.spans[pid]
+        text = lm.codec.decode(tm.cache.page_token_ids(pid))
+        key = "rank" if what == "read" else "times_retrieved"
+        out.append({"page": pid, "tokens": [span.start, span.end], key: counts[pid], "text": text})
+    return what, out
+
+
 def cmd_qa(a) -> int:
     from paging import PageStore, StoreConfig
     from tieredkv.corpus import DEFAULT_QUESTION, default_document
-    from tieredkv.errors import EmptyInputError, TieredKVError
+    from tieredkv.errors import EmptyInputError
     from tieredkv.models import cache_dir, load_model
-    from tieredkv.tiered_config import TieredConfig
+    from tieredkv.qa import document_name, find_artifact, open_document, prompt_parts
     from tieredkv.tiered_model import TieredModel, working_set_bytes
 
     document = Path(a.doc).read_text(encoding="utf-8") if a.doc else default_document()
@@ -82,71 +96,58 @@ def cmd_qa(a) -> int:
         raise EmptyInputError("the question is empty")
     lm = load_model(a.model)
     store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
-    doc_ids, q_ids = _prompt_parts(lm, document, question)
-    # own positions inside the model's window (exact), fixed distance beyond it (TieredConfig.resolve)
-    config = TieredConfig(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages,
-                          topk_pages=a.topk_pages, position=a.position)
-    config = config.resolve(lm.model, len(doc_ids) + len(q_ids) + a.max_new_tokens)
-    position = config.position
-    if a.reencode_pages is not None and (a.reencode_pages < 0 or (a.reencode_pages and position != "fixed")):
-        raise TieredKVError(f"--reencode-pages {a.reencode_pages}: re-encoding takes N >= 0 and runs under the fixed "
-                            f"policy only; this context runs under {position} positions. Pass --position fixed, "
-                            "or drop --reencode-pages.")
-    reencode = a.reencode_pages if a.reencode_pages is not None else (QA_REENCODE if position == "fixed" else 0)
-    config = dataclasses.replace(config, reencode_pages=reencode)
-    name = "doc:" + hashlib.sha256(document.encode()).hexdigest()
+    doc_ids, q_ids = prompt_parts(lm, document, question)
+    config = _config(a, lm, len(doc_ids) + len(q_ids) + a.max_new_tokens)
+    name = document_name(document)
     t0 = time.perf_counter()
     store_cfg = StoreConfig(lmdb_max_map_size=a.disk_budget, device_budget_bytes=working_set_bytes(lm, config))
     with PageStore(store_dir, store_cfg) as store:
         tm = TieredModel(lm, store, config)
-        art = None if a.reingest else _find_artifact(store, name, tm.domain()["regime"])
-        if art is not None:
-            tm.graft(art)
-            how = "grafted (no re-ingest)"
-        else:
-            tm.check_disk_budget(len(doc_ids) + len(q_ids) + a.max_new_tokens, budget_bytes=a.disk_budget)
-            bar = _IngestBar(tm, len(doc_ids), a.quiet)
+        try:
+            art = None if a.reingest else find_artifact(store, name, tm.domain()["regime"])
+            if art is None:
+                tm.check_disk_budget(len(doc_ids) + len(q_ids) + a.max_new_tokens, budget_bytes=a.disk_budget)
+            bar = _IngestBar(tm, len(doc_ids), a.quiet or art is not None)
             try:
-                art = tm.ingest(doc_ids, name=name, progress=bar)
+                art, grafted = open_document(tm, doc_ids, name, reingest=a.reingest, progress=bar)
             finally:
                 bar.close()
-            how = "ingested"
-        t_ctx = time.perf_counter() - t0
-        tm.cache.retrieval_log.clear()
-        t1 = time.perf_counter()
-        out = tm.generate(q_ids, max_new_tokens=a.max_new_tokens)
-        t_answer = time.perf_counter() - t1
-        if lm.codec.eos_token_id in out:
-            out = out[: out.index(lm.codec.eos_token_id)]
-        answer = lm.codec.decode(out).strip()
-        counts = collections.Counter(p for sel in tm.cache.retrieval_log for p in sel)
-        top = []
-        for pid, n in counts.most_common(a.show_pages):
-            span = tm.cache.spans[pid]
-            text = lm.codec.decode(list(store.get(tm.cache.page_keys[pid]).token_ids))
-            top.append({"page": pid, "tokens": [span.start, span.end], "times_retrieved": n, "text": text})
-        reencoded = sorted(tm.cache.reencoded)
-        stats = store.stats()
-        tm.close()
-    report = {"answer": answer, "question": question, "context": how, "position": position, "artifact": art.artifact_id,
-              "document_tokens": len(doc_ids), "pages": len(art.page_keys), "context_s": round(t_ctx, 2),
-              "answer_s": round(t_answer, 2), "retrieved_pages": top, "reencoded_pages": reencoded, "store": store_dir,
-              "tiers": {k: stats[k] for k in ("device", "host", "lmdb")}}
+            how = "grafted (no re-ingest)" if grafted else "ingested"
+            t_ctx = time.perf_counter() - t0
+            tm.keep_in_memory()  # the question's pages: the store keeps the document only
+            tm.cache.retrieval_log.clear()
+            t1 = time.perf_counter()
+            out = tm.generate(q_ids, max_new_tokens=a.max_new_tokens, question=question)
+            t_answer = time.perf_counter() - t1
+            if lm.codec.eos_token_id in out:
+                out = out[: out.index(lm.codec.eos_token_id)]
+            answer = lm.codec.decode(out).strip()
+            what, shown = _shown_pages(tm, store, lm, a.show_pages)
+            reencoded = sorted(tm.cache.reencoded)
+            stats = store.stats()
+        finally:
+            tm.close()
+    report = {"answer": answer, "question": question, "context": how, "position": config.position,
+              "reading": dataclasses.asdict(config.reading) if config.reading else None,
+              "artifact": art.artifact_id, "document_tokens": len(doc_ids), "pages": len(art.page_keys),
+              "context_s": round(t_ctx, 2), "answer_s": round(t_answer, 2), "attended": what, "pages_shown": shown,
+              "reencoded_pages": reencoded, "store": store_dir, "tiers": {k: stats[k] for k in ("device", "host", "lmdb")}}
     if a.json:
         print_json(report)
         return 0
     print(f"Q: {question}\nA: {answer}\n")
     print(f"context: {len(doc_ids):,} tokens, {len(art.page_keys)} pages, {how} in {t_ctx:.1f}s "
-          f"(position policy {position}); "
-          f"answer in {t_answer:.1f}s; artifact {art.artifact_id}")
-    if not top:
-        print("retrieval: the whole context fit the working set (nothing needed retrieving)")
-    if reencoded:
+          f"(position policy {config.position}); answer in {t_answer:.1f}s; artifact {art.artifact_id}")
+    if what == "fit":
+        print("attention: the whole context fit the working set (nothing was retrieved or read)")
+    elif what == "read":
+        print(f"read afresh before the question (sink and pages, packed right before it): {reencoded}")
+    elif reencoded:
         print(f"re-encoded for this question (sink and most-retrieved pages): {reencoded}")
-    for p in top:
+    for p in shown:
         snippet = " ".join(p["text"].split())[:160]
-        print(f"  page {p['page']:4d} tokens {p['tokens'][0]}-{p['tokens'][1]} retrieved {p['times_retrieved']}x: "
-              f"{snippet}…")
+        how_often = f"rank {p['rank']}" if what == "read" else f"retrieved {p['times_retrieved']}x"
+        print(f"  page {p['page']:4d} tokens {p['tokens'][0]}-{p['tokens'][1]} {how_often}: {snippet}…")
     mib = lambda b: b / 2**20  # noqa: E731
     st = report["tiers"]
     print(f"tiers: device {mib(st['device']['bytes']):.1f} MiB / {mib(st['device']['budget_bytes']):.0f} MiB, "
@@ -155,23 +156,34 @@ def cmd_qa(a) -> int:
 
 
 def register(sub) -> None:
+    from tieredkv.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
+    from tieredkv.tiered_config import READING_SIGNALS
+
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)
     p.add_argument("--doc", help="a UTF-8 text file (default: statements chapter of the Python language reference)")
     p.add_argument("--question", help="the question (default: %r)" % "What does the nonlocal statement do?")
     p.add_argument("--store", help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--page-size", type=int)
     p.add_argument("--sink-pages", type=int, default=1)
     p.add_argument("--local-pages", type=int, default=16)
     p.add_argument("--topk-pages", type=int, help="per KV head (default: 16 under --position own, 8 under fixed)")
-    p.add_argument("--reencode-pages", type=int,
-                   help=f"fixed policy: compute the sink and the N pages the question retrieves most afresh, together, "
-                        f"before answering (default: {QA_REENCODE} under fixed; 0: off)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
+    r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/reading.py)")
+    r.add_argument("--read-pages", type=int,
+                   help=f"document pages the question reads afresh (default {QA_READING.pages}; 0: no reading, "
+                        "attention retrieves from the stored pages)")
+    r.add_argument("--read-signal", choices=READING_SIGNALS,
+                   help=f"how the pages are ranked (default {QA_READING.signal})")
+    r.add_argument("--read-neighbours", type=int,
+                   help=f"pages read either side of each chosen page (default {QA_READING.neighbours})")
+    r.add_argument("--reencode-pages", type=int,
+                   help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
+                        "(the earlier question-time step)")
     p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")
-    p.add_argument("--show-pages", type=int, default=3, help="how many retrieved pages to show")
+    p.add_argument("--show-pages", type=int, default=3, help="how many read or retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")

@@ -1,0 +1,402 @@
+"""Real-document question answering, offline: the tiered path against what a user would otherwise do.
+
+The document is real prose and reference text that ships with CPython and Debian (`longdoc_corpus.py`,
+~151K SmolLM2 tokens); the questions are hand-written, with short accepted answers
+(`data/longdoc_questions.json`, checked by `longdoc_check.py`). For each context length the corpus
+is cut into windows of that many tokens; each question is asked over the window that holds its
+evidence, so the answer sits at some depth of a document of that length. Per question, in one run:
+
+    tiered      the tiered path exactly as `tieredkv qa` runs it (tieredkv.qa: ingest once, graft,
+                question-time reading with the library's defaults for this length)
+    ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
+                handed the right passage)
+    bm25        BM25 over the document's 128-token pages, the top 6 in document order, then the plain
+                model (text retrieval)
+    truncation  the plain model over the last tokens of the document that fit its 8,192-token window
+    full        the plain model over the whole document (full attention; where it fits the time budget)
+
+An answer is correct when it contains an accepted string (case-insensitive, whitespace runs as one
+space). Documents are ingested once into stores under --work and reused by later runs.
+
+    python bench/longdoc_qa.py --lengths 32k --systems tiered,ceiling,bm25 --out bench/results/longdoc_qa.32k.json
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import dataclasses
+import hashlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from longdoc_corpus import build_corpus  # noqa: E402
+from report import environment, sha256_ids, write_report  # noqa: E402
+
+from paging import PageStore, StoreConfig  # noqa: E402
+from tieredkv.artifacts.artifact import prefill  # noqa: E402
+from index.lexical import bm25_scores  # noqa: E402
+from tieredkv.models import load_model  # noqa: E402
+from tieredkv.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config  # noqa: E402
+from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+
+QUESTIONS = HERE / "data" / "longdoc_questions.json"
+LENGTHS = {"16k": 16_384, "32k": 32_768, "128k": 131_072}
+SYSTEMS = ("tiered", "ceiling", "bm25", "truncation", "full")
+CEILING_TOKENS = 512
+BM25_PAGES = 6
+
+
+def norm(s: str) -> str:
+    return re.sub(r"\s+", " ", s).lower().strip()
+
+
+def is_correct(answer: str, accepted: list[str]) -> bool:
+    a = norm(answer)
+    return any(norm(x) in a for x in accepted)
+
+
+# ----------------------------------------------------------------------------- documents and questions
+@dataclasses.dataclass
+class Window:
+    length: str
+    index: int
+    text: str
+    doc_ids: list[int] = dataclasses.field(default_factory=list)  # the prompt's document part
+    prefix_len: int = 0  # tokens of the prompt frame before the document text
+    starts: list[int] = dataclasses.field(default_factory=list)  # char offset of each doc_ids token in `text`
+
+    @property
+    def name(self) -> str:
+        return f"{self.length}-w{self.index}"
+
+
+@dataclasses.dataclass
+class Item:
+    q: dict
+    window: Window
+    char_at: int  # evidence start, in window.text
+    depth: float
+
+    def evidence_tokens(self) -> tuple[int, int]:
+        """Token range [a, b) of the evidence in window.doc_ids."""
+        w, n = self.window, len(self.q["evidence"])
+        a = w.prefix_len + bisect.bisect_right(w.starts, self.char_at) - 1
+        b = w.prefix_len + bisect.bisect_left(w.starts, self.char_at + n)
+        return a, max(b, a + 1)
+
+    def answer_pages(self, page_size: int) -> list[int]:
+        a, b = self.evidence_tokens()
+        return list(range(a // page_size, (b - 1) // page_size + 1))
+
+
+def token_offsets(lm, text: str) -> list[int]:
+    tok = lm.codec.tokenizer
+    return [s for s, _ in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+
+
+def windows_for(lm, corpus_text: str, starts: list[int], length: str) -> list[Window]:
+    """Windows of LENGTHS[length] corpus tokens tiling the corpus, the last one aligned to its end."""
+    n, total = LENGTHS[length], len(starts)
+    firsts = list(range(0, max(1, total - n + 1), n))
+    if firsts[-1] + n < total:
+        firsts.append(total - n)
+    out = []
+    for i, a in enumerate(firsts):
+        b = min(a + n, total)
+        end = starts[b] if b < total else len(corpus_text)
+        out.append(Window(length, i, corpus_text[starts[a]:end].strip("\n")))
+    return out
+
+
+def prepare(lm, lengths: list[str], only: set[str] | None) -> tuple[dict, list[Item]]:
+    corpus = build_corpus()
+    questions = json.loads(QUESTIONS.read_text())
+    starts = token_offsets(lm, corpus.text)
+    items: list[Item] = []
+    for length in lengths:
+        for w in windows_for(lm, corpus.text, starts, length):
+            w.doc_ids, _ = prompt_parts(lm, w.text, "x")
+            w.prefix_len = len(w.doc_ids) - len(lm.codec.encode(w.text))
+            w.starts = token_offsets(lm, w.text)
+            assert len(w.starts) == len(w.doc_ids) - w.prefix_len, "prompt frame tokenized across the boundary"
+            for q in questions:
+                if only and q["id"] not in only:
+                    continue
+                at = w.text.find(q["evidence"])
+                taken = any(it.q["id"] == q["id"] and it.window.length == length for it in items)
+                if at >= 0 and not taken:
+                    items.append(Item(q, w, at, at / len(w.text)))
+    info = {"corpus_sha256": corpus.sha256, "python": corpus.python_version,
+            "questions_sha256": hashlib.sha256(QUESTIONS.read_bytes()).hexdigest(), "corpus_tokens": len(starts),
+            "sources": [dataclasses.asdict(s) for s in corpus.sources]}
+    return info, items
+
+
+# ----------------------------------------------------------------------------- the plain model
+class PlainPrefix:
+    """The plain model with a DynamicCache over a shared prefix, cropped back after each question."""
+
+    def __init__(self, lm, prefix: list[int]):
+        from transformers import DynamicCache
+
+        self.lm, self.prefix = lm, list(prefix)
+        self.cache = DynamicCache(config=lm.model.config)
+        if len(prefix) > 1:
+            prefill(lm, self.prefix[:-1], self.cache, page_size=512)
+
+    @torch.inference_mode()
+    def answer(self, new_ids: list[int], max_new: int) -> list[int]:
+        ids = self.prefix + list(new_ids)
+        n = self.cache.get_seq_length()
+        if len(ids) - 1 > n:
+            prefill(self.lm, ids[n:-1], self.cache, start=n, page_size=512)
+        out = self.lm.model.generate(torch.tensor([ids]), past_key_values=self.cache, max_new_tokens=max_new,
+                                     do_sample=False, pad_token_id=self.lm.codec.eos_token_id)
+        self.cache.crop(max(0, len(self.prefix) - 1))
+        return out[0, len(ids):].tolist()
+
+
+def plain_answer(lm, ids: list[int], max_new: int) -> list[int]:
+    return PlainPrefix(lm, []).answer(ids, max_new)
+
+
+def until_eos(lm, ids: list[int]) -> list[int]:
+    eos = lm.codec.eos_token_id
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+# ----------------------------------------------------------------------------- systems
+def bm25_pages(lm, w: Window, question: str, page_size: int, k: int) -> list[int]:
+    """Top-k content pages of the window document by BM25 of the question, in document order."""
+    pages = [w.doc_ids[i:i + page_size] for i in range(0, len(w.doc_ids), page_size)]
+    scores = bm25_scores([lm.codec.decode(p) for p in pages], question)
+    best = sorted(range(len(pages)), key=lambda i: (-scores[i], i))[:k]
+    return sorted(best)
+
+
+def parse_variant(spec: str) -> dict:
+    """TieredConfig fields of the tiered system: "default" (what `tieredkv qa` runs), "reencode=N",
+    "none" (fixed, no question-time step), or "read:pages=8,signal=hybrid,neighbours=1"."""
+    from tieredkv.tiered_config import ReadingConfig
+
+    if spec == "default":
+        return {}
+    if spec == "none":
+        return {"reading": None}
+    if spec.startswith("reencode="):
+        return {"reading": None, "reencode_pages": int(spec.split("=")[1])}
+    if spec.startswith("read"):
+        kw = dict(part.split("=") for part in spec.partition(":")[2].split(",") if part)
+        conv = {"pages": int, "neighbours": int, "signal": str}
+        return {"reading": ReadingConfig(**{k: conv[k](v) for k, v in kw.items()})}
+    raise ValueError(f"unknown tiered variant {spec!r}")
+
+
+class Runner:
+    def __init__(self, lm, a):
+        self.lm, self.a = lm, a
+        self.work = Path(a.work)
+        self._prefix_cache: dict[tuple[str, str], PlainPrefix] = {}
+        self.variant = parse_variant(a.tiered)
+
+    def prefix(self, system: str, w: Window) -> PlainPrefix:
+        key = (system, w.name)
+        if key not in self._prefix_cache:
+            self._prefix_cache.clear()  # one window at a time: a 32K prefix is ~1.5 GB
+            frame = w.doc_ids[:w.prefix_len]
+            if system == "full":
+                ids = w.doc_ids
+            else:  # truncation: the document's end, so that frame + end + question + answer fit the window
+                window = self.lm.model.config.max_position_embeddings
+                room = window - len(frame) - 64 - self.a.max_new_tokens
+                ids = frame + w.doc_ids[max(w.prefix_len, len(w.doc_ids) - room):]
+            self._prefix_cache[key] = PlainPrefix(self.lm, ids)
+        return self._prefix_cache[key]
+
+    def run(self, system: str, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
+        lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
+        frame = w.doc_ids[:w.prefix_len]
+        if system == "ceiling":
+            a, b = item.evidence_tokens()
+            mid = (a + b) // 2
+            lo = max(w.prefix_len, mid - CEILING_TOKENS // 2)
+            hi = min(len(w.doc_ids), lo + CEILING_TOKENS)
+            return plain_answer(lm, frame + w.doc_ids[lo:hi] + q_ids, max_new), {"passage_tokens": [lo, hi]}
+        if system == "bm25":
+            ps = self.a.page_size
+            pages = bm25_pages(lm, w, item.q["question"], ps, BM25_PAGES)
+            ids = [t for p in pages for t in w.doc_ids[p * ps:(p + 1) * ps]]
+            if pages and pages[0] == 0:
+                ids = ids[w.prefix_len:]
+            hit = bool(set(pages) & set(item.answer_pages(ps)))
+            return plain_answer(lm, frame + ids + q_ids, max_new), {"pages": pages, "answer_page_selected": hit}
+        if system in ("full", "truncation"):
+            return self.prefix(system, w).answer(q_ids, max_new), {}
+        if system == "tiered":
+            return self.tiered(item, q_ids)
+        raise ValueError(system)
+
+    def open(self, w: Window) -> None:
+        """Ingest the window's document under the tiered system's configuration, unless stored."""
+        config = qa_config(self.lm, len(w.doc_ids) + 64 + self.a.max_new_tokens, **self.variant)
+        with PageStore(self.work / w.name, StoreConfig(device_budget_bytes=working_set_bytes(self.lm, config))) as st:
+            tm = TieredModel(self.lm, st, config)
+            try:
+                open_document(tm, w.doc_ids, "longdoc:" + sha256_ids(w.doc_ids))
+            finally:
+                tm.close()
+
+    def tiered(self, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
+        lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
+        config = qa_config(lm, len(w.doc_ids) + len(q_ids) + max_new, **self.variant)
+        store_cfg = StoreConfig(device_budget_bytes=working_set_bytes(lm, config))
+        name = "longdoc:" + sha256_ids(w.doc_ids)
+        with PageStore(self.work / w.name, store_cfg) as store:
+            tm = TieredModel(lm, store, config)
+            try:
+                t0 = time.perf_counter()
+                art, grafted = open_document(tm, w.doc_ids, name)
+                t_open = time.perf_counter() - t0
+                tm.keep_in_memory()
+                tm.cache.retrieval_log.clear()
+                t1 = time.perf_counter()
+                out = tm.generate(q_ids, max_new_tokens=max_new, question=item.q["question"])
+                t_answer = time.perf_counter() - t1
+                read = tm.last_reading.to_dict() if tm.last_reading is not None else None
+            finally:
+                tm.close()
+        answer_pages = item.answer_pages(tm.page_size)
+        selected = set(read["pages"]) if read else set()
+        ev = {"config": {k: v for k, v in dataclasses.asdict(config).items() if v is not None},
+              "artifact": art.artifact_id, "grafted": grafted, "open_s": round(t_open, 2),
+              "answer_s": round(t_answer, 2), "answer_pages": answer_pages, "reading": read,
+              "answer_page_selected": bool(selected & set(answer_pages)) if read else None}
+        return out, ev
+
+
+# ----------------------------------------------------------------------------- report
+def summarize(rows: list[dict]) -> dict:
+    by: dict = {}
+    for r in rows:
+        for key in (("system", r["system"], "length", r["length"]),
+                    ("system", r["system"], "length", r["length"], "depth", min(4, int(r["depth"] * 5)) / 5)):
+            by.setdefault(key, []).append(r["correct"])
+    acc = []
+    for key, v in sorted(by.items(), key=lambda kv: str(kv[0])):
+        d = dict(zip(key[::2], key[1::2]))
+        acc.append({**d, "correct": sum(v), "questions": len(v), "accuracy": round(sum(v) / len(v), 4)})
+    return {"accuracy": acc}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = [a for a in report["summary"]["accuracy"] if "depth" not in a]
+    lengths = [x for x in LENGTHS if any(a["length"] == x for a in acc)]
+    systems = [s for s in SYSTEMS if any(a["system"] == s for a in acc)]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(systems))
+    for j, s in enumerate(systems):
+        ys = [next((a["accuracy"] for a in acc if a["system"] == s and a["length"] == x), 0) for x in lengths]
+        ax.bar([i + j * width for i in range(len(lengths))], ys, width, label=s)
+    ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(lengths))], lengths)
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Long-document QA, {report['model']} ({len(report['rows']) // max(1, len(systems))} rows/system)")
+    ax.legend(fontsize=8, ncol=len(systems))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--lengths", default="16k,32k,128k")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--full-max", default="32k", help="run `full` only up to this length (quadratic attention)")
+    ap.add_argument("--questions", help="comma list of question ids (default: all)")
+    ap.add_argument("--tiered", default="default", help="the tiered system's variant (parse_variant)")
+    ap.add_argument("--windows", help="comma list of window names to run (e.g. 128k-w0; default: all)")
+    ap.add_argument("--ingest-only", action="store_true", help="ingest the windows' documents, answer nothing")
+    ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    ap.add_argument("--page-size", type=int, default=128)
+    ap.add_argument("--work", default="bench/.longdoc", help="stores of ingested windows (kept across runs)")
+    ap.add_argument("--out", default="bench/results/longdoc_qa.json")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
+    ap.add_argument("--threads", type=int)
+    a = ap.parse_args(argv)
+    lengths = a.lengths.split(",")
+    systems = a.systems.split(",")
+    bad = [x for x in lengths if x not in LENGTHS] + [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"unknown lengths/systems {bad}; lengths {list(LENGTHS)}, systems {list(SYSTEMS)}")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    try:
+        parse_variant(a.tiered)
+    except (ValueError, TypeError) as e:
+        ap.error(str(e))
+    lm = load_model(a.model)
+    info, items = prepare(lm, lengths, set(a.questions.split(",")) if a.questions else None)
+    if a.windows:
+        items = [it for it in items if it.window.name in a.windows.split(",")]
+    runner = Runner(lm, a)
+    if a.ingest_only:
+        for w in {it.window.name: it.window for it in items}.values():
+            t0 = time.perf_counter()
+            runner.open(w)
+            print(f"{w.name}: {len(w.doc_ids):,} tokens ready in {time.perf_counter() - t0:.0f}s", flush=True)
+        return 0
+    out = Path(a.out)
+    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
+    done = {(r["length"], r["id"], r["system"]) for r in rows}
+    full_max = list(LENGTHS).index(a.full_max)
+    report = {"bench": "longdoc_qa", "model": lm.name, "model_fingerprint": lm.fingerprint, "inputs": info,
+              "config": {"max_new_tokens": a.max_new_tokens, "page_size": a.page_size, "ceiling_tokens": CEILING_TOKENS,
+                         "bm25_pages": BM25_PAGES, "args": vars(a)},
+              "windows": {}, "environment": environment(), "rows": rows}
+    items.sort(key=lambda it: (list(LENGTHS).index(it.window.length), it.window.index, it.q["id"]))
+    for it in items:
+        w = it.window
+        report["windows"][w.name] = {"doc_tokens": len(w.doc_ids), "doc_ids_sha256": sha256_ids(w.doc_ids)}
+        _, q_ids = prompt_parts(lm, w.text, it.q["question"])
+        for system in systems:
+            if (w.length, it.q["id"], system) in done:
+                continue
+            if system == "full" and list(LENGTHS).index(w.length) > full_max:
+                continue
+            t0 = time.perf_counter()
+            ids, ev = runner.run(system, it, q_ids)
+            secs = time.perf_counter() - t0
+            ids = until_eos(lm, ids)
+            answer = lm.codec.decode(ids).strip()
+            row = {"length": w.length, "window": w.name, "id": it.q["id"], "system": system,
+                   "depth": round(it.depth, 4), "correct": is_correct(answer, it.q["answers"]), "answer": answer,
+                   "output_ids_sha256": sha256_ids(ids), "question_ids_sha256": sha256_ids(q_ids),
+                   "seconds": round(secs, 2), **ev}
+            rows.append(row)
+            print(f"{w.name:9s} {it.q['id']} {system:10s} {'OK ' if row['correct'] else '-- '} {secs:6.1f}s "
+                  f"{answer[:70]!r}", flush=True)
+            report["summary"] = summarize(rows)
+            write_report(out, report)
+    report["summary"] = summarize(rows)
+    write_report(out, report)
+    plot(report, out.with_suffix(".png"))
+    for a_ in report["summary"]["accuracy"]:
+        if "depth" not in a_:
+            print(f"{a_['length']:5s} {a_['system']:10s} {a_['correct']:3d}/{a_['questions']:<3d} {a_['accuracy']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

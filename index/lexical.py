@@ -1,0 +1,66 @@
+"""Lexical page scores: Okapi BM25 of a question's words over each page's text.
+
+A second signal beside the key summaries: a question that names a rare word ("nonlocal",
+"tbreak", "Saratoga") finds the pages that contain it whatever the model's queries look like.
+Pure Python over strings; the caller decodes pages to text (this package knows no tokenizer).
+
+    scores = BM25Index(page_texts).scores("Which pdb command sets a temporary breakpoint?")  # [N]
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+_WORD = re.compile(r"[a-z0-9_]+")
+# Function words of English questions: they carry no evidence of where an answer is.
+STOPWORDS = frozenset("""
+a about above after again against all also am an and any are as at be because been before being below
+between both but by can could did do does doing down during each few for from further had has have having
+he her here hers him his how i if in into is it its itself just me more most my no nor not now of off on
+once only or other our out over own same she should so some such than that the their them then there
+these they this those through to too under until up very was we were what when where which while who whom
+why will with would you your answer answers question document one two sentences many much called
+""".split())
+
+
+def words(text: str) -> list[str]:
+    """Lower-case word tokens, stopwords dropped; `__init__` and `f_lineno` stay one word."""
+    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS and w.strip("_")]
+
+
+class BM25Index:
+    """BM25 (k1, b) over a fixed list of page texts; page ids are list positions."""
+
+    def __init__(self, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75):
+        if k1 < 0 or not 0 <= b <= 1:
+            raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
+        self.k1, self.b = k1, b
+        self.counts = [Counter(words(t)) for t in texts]
+        self.lengths = np.array([sum(c.values()) for c in self.counts], dtype=np.float64)
+        self.avg_length = float(self.lengths.mean()) if len(self.counts) and self.lengths.sum() else 1.0
+        df = Counter(w for c in self.counts for w in c)
+        n = len(self.counts)
+        self.idf = {w: math.log(1.0 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def scores(self, query: str) -> np.ndarray:
+        """[N] float64 BM25 score of every page for the words of `query` (0 where none occurs)."""
+        out = np.zeros(len(self.counts), dtype=np.float64)
+        norm = self.k1 * (1 - self.b + self.b * self.lengths / self.avg_length)
+        for w in set(words(query)):
+            idf = self.idf.get(w)
+            if idf is None:
+                continue
+            tf = np.array([c.get(w, 0) for c in self.counts], dtype=np.float64)
+            out += idf * tf * (self.k1 + 1) / (tf + norm)
+        return out
+
+
+def bm25_scores(texts: Sequence[str], query: str) -> np.ndarray:
+    return BM25Index(texts).scores(query)

@@ -1,0 +1,84 @@
+"""Long-document question answering over the memory tier: what `tieredkv qa` runs, callable from Python.
+
+    doc_ids, q_ids = prompt_parts(lm, document, question)      # one chat turn, split where the question starts
+    config = qa_config(lm, len(doc_ids) + len(q_ids) + max_new)  # own inside the window, fixed + reading beyond
+    tm = TieredModel(lm, store, config)
+    art = open_document(tm, doc_ids, name)                      # graft if stored under this regime, else ingest
+    answer = tm.generate(q_ids, max_new_tokens=max_new)
+
+The document is sealed as an artifact and reused across questions and processes; the question's
+own pages are kept in memory, never written (`TieredModel.keep_in_memory`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Callable
+
+from tieredkv.artifacts.artifact import Artifact
+from tieredkv.tiered_config import AUTO, ReadingConfig, TieredConfig
+
+DEFAULT_MAX_NEW_TOKENS = 48
+# How a question reads a document longer than the model's window (measured: bench/longdoc_qa.py).
+# (frame_tokens: set per model by qa_config, the length of prompt_parts' frame.)
+QA_READING = ReadingConfig(pages=6, signal="lexical", neighbours=1)
+
+
+def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
+    """The configuration `tieredkv qa` answers with for a context of `num_tokens` tokens (document,
+    question and answer): own positions inside the model's window (exact), the fixed-distance policy
+    with question-time reading (QA_READING) beyond it. `fields` override TieredConfig's (position
+    "auto"; pass reading=None, or reencode_pages=N, for another question-time step)."""
+    fields.setdefault("position", AUTO)
+    if "reading" not in fields and not fields.get("reencode_pages") and fields["position"] != "own":
+        fields["reading"] = dataclasses.replace(QA_READING, frame_tokens=frame_tokens(lm))
+    return TieredConfig(**fields).resolve(lm.model, num_tokens)
+
+
+def _frame(codec) -> tuple[str, str]:
+    """(text before the document, text between the document and the question)."""
+    from tieredkv.text_codec import chat_frame
+
+    if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
+        pre, post = chat_frame(codec)
+        return pre + "Read this document.\n\n", "\n\nAnswer from the document above in one or two sentences. Question: "
+    return "Document:\n", "\nQ: "
+
+
+def prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int]]:
+    """Token ids of (document part, question part) of one chat turn, so the document can be reused."""
+    from tieredkv.text_codec import chat_frame
+
+    codec = lm.codec
+    before, between = _frame(codec)
+    after = chat_frame(codec)[1] if getattr(getattr(codec, "tokenizer", None), "chat_template", None) else "\nA:"
+    return codec.encode(before + document), codec.encode(between + question + after)
+
+
+def frame_tokens(lm) -> int:
+    """How many tokens of `prompt_parts`' document part come before the document's text."""
+    return len(lm.codec.encode(_frame(lm.codec)[0]))
+
+
+def document_name(document: str) -> str:
+    return "doc:" + hashlib.sha256(document.encode()).hexdigest()
+
+
+def find_artifact(store, name: str, regime: dict) -> Artifact | None:
+    """The artifact named `name` that was ingested under `regime`, if the store holds one."""
+    for art_id in store.list_manifests():
+        art = Artifact.from_json(store.get_manifest(art_id))
+        if art.name == name and art.domain.get("regime") == regime:
+            return art
+    return None
+
+
+def open_document(tm, doc_ids: list[int], name: str, *, reingest: bool = False,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[Artifact, bool]:
+    """Graft the document's artifact if `tm`'s store holds one under `tm`'s regime, else ingest it.
+    Returns (artifact, grafted)."""
+    art = None if reingest else find_artifact(tm.store, name, tm.domain()["regime"])
+    if art is not None:
+        tm.graft(art)
+        return art, True
+    return tm.ingest(doc_ids, name=name, progress=progress), False
