@@ -48,7 +48,9 @@ from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 QUESTIONS = HERE / "data" / "longdoc_questions.json"
 LENGTHS = {"16k": 16_384, "32k": 32_768, "128k": 131_072}
-SYSTEMS = ("tiered", "ceiling", "bm25", "truncation", "full")
+SYSTEMS = ("tiered", "ceiling", "bm25", "truncation", "full", "signals")
+# "signals" answers nothing: it ranks the document's pages for the question by each signal the reading
+# could use, and records where the answer page lands (rank 1 = first).
 CEILING_TOKENS = 512
 BM25_PAGES = 6
 
@@ -183,7 +185,8 @@ def bm25_pages(lm, w: Window, question: str, page_size: int, k: int) -> list[int
 
 def parse_variant(spec: str) -> dict:
     """TieredConfig fields of the tiered system: "default" (what `tieredkv qa` runs), "reencode=N",
-    "none" (fixed, no question-time step), or "read:pages=8,signal=hybrid,neighbours=1"."""
+    "none" (fixed, no question-time step), or "read:passages=2,passage_tokens=384,signal=hybrid" (fields
+    not given keep the QA defaults, the frame included)."""
     from tieredkv.tiered_config import ReadingConfig
 
     if spec == "default":
@@ -194,8 +197,10 @@ def parse_variant(spec: str) -> dict:
         return {"reading": None, "reencode_pages": int(spec.split("=")[1])}
     if spec.startswith("read"):
         kw = dict(part.split("=") for part in spec.partition(":")[2].split(",") if part)
-        conv = {"pages": int, "neighbours": int, "signal": str}
-        return {"reading": ReadingConfig(**{k: conv[k](v) for k, v in kw.items()})}
+        conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int}
+        from tieredkv.qa import QA_READING
+
+        return {"reading": dataclasses.replace(QA_READING, **{k: conv[k](v) for k, v in kw.items()})}
     raise ValueError(f"unknown tiered variant {spec!r}")
 
 
@@ -241,6 +246,8 @@ class Runner:
             return self.prefix(system, w).answer(q_ids, max_new), {}
         if system == "tiered":
             return self.tiered(item, q_ids)
+        if system == "signals":
+            return [], self.signals(item, q_ids)
         raise ValueError(system)
 
     def open(self, w: Window) -> None:
@@ -252,6 +259,22 @@ class Runner:
                 open_document(tm, w.doc_ids, "longdoc:" + sha256_ids(w.doc_ids))
             finally:
                 tm.close()
+
+    def signals(self, item: Item, q_ids: list[int]) -> dict:
+        """Rank of the answer page among the document's pages under each signal (None: not ranked)."""
+        from longdoc_signals import signal_ranks
+
+        w = item.window
+        config = qa_config(self.lm, len(w.doc_ids) + len(q_ids) + self.a.max_new_tokens, **self.variant)
+        with PageStore(self.work / w.name, StoreConfig(device_budget_bytes=working_set_bytes(self.lm, config))) as st:
+            tm = TieredModel(self.lm, st, config)
+            try:
+                art, _ = open_document(tm, w.doc_ids, "longdoc:" + sha256_ids(w.doc_ids))
+                _, null_ids = prompt_parts(self.lm, w.text, "")
+                ranks = signal_ranks(tm, art, q_ids, null_ids, item.q["question"], item.answer_pages(tm.page_size))
+            finally:
+                tm.close()
+        return {"answer_pages": item.answer_pages(tm.page_size), "ranks": ranks}
 
     def tiered(self, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
         lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
@@ -285,6 +308,8 @@ class Runner:
 def summarize(rows: list[dict]) -> dict:
     by: dict = {}
     for r in rows:
+        if r["correct"] is None:
+            continue
         for key in (("system", r["system"], "length", r["length"]),
                     ("system", r["system"], "length", r["length"], "depth", min(4, int(r["depth"] * 5)) / 5)):
             by.setdefault(key, []).append(r["correct"])
@@ -380,8 +405,9 @@ def main(argv=None) -> int:
             secs = time.perf_counter() - t0
             ids = until_eos(lm, ids)
             answer = lm.codec.decode(ids).strip()
+            correct = is_correct(answer, it.q["answers"]) if system != "signals" else None
             row = {"length": w.length, "window": w.name, "id": it.q["id"], "system": system,
-                   "depth": round(it.depth, 4), "correct": is_correct(answer, it.q["answers"]), "answer": answer,
+                   "depth": round(it.depth, 4), "correct": correct, "answer": answer,
                    "output_ids_sha256": sha256_ids(ids), "question_ids_sha256": sha256_ids(q_ids),
                    "seconds": round(secs, 2), **ev}
             rows.append(row)

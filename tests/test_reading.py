@@ -6,10 +6,11 @@ import torch
 from test_tiered_model import _ids, tiered
 
 from index.lexical import BM25Index, words
-from tieredkv.reading import CompactReading, choose, fuse, rank
+from tieredkv.reading import CompactReading, centre, fragments, fuse, merge, rank, word_weights
 from tieredkv.tiered_config import ReadingConfig, TieredConfig
+from tieredkv.working_set import Span
 
-READ = ReadingConfig(pages=3, signal="hybrid", neighbours=1)
+READ = ReadingConfig(passages=1, passage_tokens=96, signal="lexical")
 FIXED = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
 
 
@@ -22,28 +23,35 @@ def test_bm25_prefers_the_rare_word_and_shorter_pages():
              "a breakpoint " * 20, "nothing relevant here at all"]
     scores = BM25Index(texts).scores("Which command sets a temporary breakpoint?")
     assert scores.argmax() == 0 and scores[3] == 0
-    assert BM25Index(texts).scores("") .tolist() == [0, 0, 0, 0]
+    assert BM25Index(texts).scores("").tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError):
         BM25Index(texts, b=2)
 
 
-def test_fusion_and_choice():
+def test_ranking_fusion():
     assert fuse([[5, 1, 2], [2, 9]]) == [2, 5, 1, 9]  # 2 is in both lists
     cands = list(range(1, 20))
-    ranked = rank(cands, {4: 3, 7: 5}, {12: 2.0, 4: 1.0}, "hybrid")
-    assert ranked == [4, 7, 12]  # 4 is high in both lists; 7 and 12 tie (the earlier page first)
+    assert rank(cands, {4: 3, 7: 5}, {12: 2.0, 4: 1.0}, "hybrid") == [4, 7, 12]  # 4 high in both; 7, 12 tie
     assert rank(cands, {4: 3}, {}, "lexical") == []  # what no signal scored is not ranked
     assert rank(cands, {4: 3, 7: 5}, {12: 2.0}, "attention") == [7, 4]
-    assert choose([10, 3], cands, 5, 1) == [2, 3, 9, 10, 11]  # 10 and its neighbours first, then 3, 2
-    assert choose([1], cands, 3, 1) == [1, 2]  # page 0 (the sink) is not a candidate; the budget is not forced
-    assert choose([19, 18], cands, 4, 2) == [16, 17, 18, 19]
+
+
+def test_passage_geometry():
+    # words are found across token boundaries and weighted by the token they start in
+    assert word_weights(["The qu", "okka", " and", " zebra"], {"quokka": 2.0, "zebra": 1.0}).tolist() == [2, 0, 0, 1]
+    assert centre([0, 0, 0, 5, 0, 0, 1, 0], 3) == 3 and centre([0, 0, 0, 0], 2) == 2
+    assert centre([1, 0, 1, 0, 0, 0, 0, 3], 8) == 7 and centre([2, 0, 2, 0, 0, 0, 0, 3], 8) == 1  # weight, then density
+    assert merge([(10, 20), (0, 5), (18, 30), (30, 31)]) == [(0, 5), (10, 31)]
+    spans = [Span(i, 32 * i, 32 * i + 32) for i in range(4)]
+    assert fragments(spans, [(0, 5), (40, 70)]) == [(0, 0, 5), (1, 40, 64), (2, 64, 70)]
+    assert fragments(spans, [(66, 70), (80, 90)]) == [(2, 66, 90)]  # one fragment per page
 
 
 def test_reading_config_validation():
     with pytest.raises(ValueError, match="signal"):
         ReadingConfig(signal="magic")
-    with pytest.raises(ValueError, match="pages"):
-        ReadingConfig(pages=0)
+    with pytest.raises(ValueError, match="passages"):
+        ReadingConfig(passages=0)
     with pytest.raises(ValueError, match="reading"):
         TieredConfig(reading=READ)  # own positions
     with pytest.raises(ValueError, match="reading"):
@@ -51,21 +59,23 @@ def test_reading_config_validation():
     assert TieredConfig(position="fixed", reading=READ).regime(32) == TieredConfig(position="fixed").regime(32)
 
 
-def test_a_question_reads_its_pages_afresh_and_attends_only_to_them(tiny_model, tmp_path):
+def test_a_question_reads_a_passage_afresh_and_attends_only_to_it(tiny_model, tmp_path):
     lm = tiny_model("tiny-llama")
     doc = _ids(700, 4)  # 22 pages of 32
-    needle = lm.codec.encode("zebra quokka")
-    doc[400:400 + len(needle)] = needle  # page 12
+    needle = lm.codec.encode(" zebra quokka ")
+    doc[400:400 + len(needle)] = needle  # page 12, tokens 400-414
     question = lm.codec.encode("quokka?")
-    lexical = ReadingConfig(pages=3, signal="lexical", neighbours=1)  # a random model's attention means nothing
-    with tiered(lm, tmp_path, TieredConfig(**FIXED, reading=lexical)) as tm:
+    framed = ReadingConfig(passages=1, passage_tokens=48, signal="lexical", frame_tokens=6)
+    with tiered(lm, tmp_path, TieredConfig(**FIXED, reading=framed)) as tm:
         art = tm.ingest(doc)
         stored = [tm.store.get(k).to_bytes() for k in art.page_keys]
         out = tm.generate(question, max_new_tokens=3, question="where is the quokka")
         reading = tm.last_reading
-        assert reading.pages == [11, 12, 13] and reading.ranked[0] == 12
-        assert list(reading.lexical_scores) == [12] and reading.attention_votes == {}
-        assert set(tm.cache.reencoded) == {0, *reading.pages}  # the sink too
+        (a, b), = reading.passages
+        assert (a, b) == (407 - 24, 407 + 24) and reading.ranked == [12]  # centred on "quokka" (token 407)
+        assert reading.lexical_scores.keys() == {12} and reading.attention_votes == {}
+        assert reading.pages == [11, 12, 13] and sorted(tm.cache.reencoded) == [0, 11, 12, 13]
+        assert tm.cache.reencoded_start[0] == 0 and tm.cache.reencoded[0][0][0].shape[1] == 6  # the frame
         assert isinstance(tm.cache.policy, CompactReading)
         n_doc = len(art.page_keys)
         for layer in range(len(tm.cache.layers)):
@@ -77,10 +87,17 @@ def test_a_question_reads_its_pages_afresh_and_attends_only_to_them(tiny_model, 
         assert type(tm.cache.policy).__name__ == "FixedDistance" and not tm.cache.reencoded
 
 
+def test_a_question_without_a_matching_word_reads_the_document_end(tiny_model, tmp_path):
+    with tiered(tiny_model("tiny-llama"), tmp_path, TieredConfig(**FIXED, reading=READ)) as tm:
+        tm.ingest(_ids(700, 4))
+        tm.generate(_ids(5, 1), max_new_tokens=1, question="xylophone")
+        assert tm.last_reading.ranked == [] and tm.last_reading.passages == [(700 - 96, 700)]
+
+
 @pytest.mark.parametrize("frame", [None, 5])
-def test_reading_is_the_plain_model_over_the_packed_pages(frame, tiny_model, tmp_path):
-    """The question's logits over a read context are torch.equal to the plain model run over the sink
-    and the chosen pages packed right before the question (one forward), then the question in the same
+def test_reading_is_the_plain_model_over_the_packed_passages(frame, tiny_model, tmp_path):
+    """The question's logits over a read context are torch.equal to the plain model run over the frame
+    and the passages packed right before the question (one forward), then the question in the same
     chunks: the reading is a compact document at the question's positions."""
     from transformers import DynamicCache
 
@@ -89,17 +106,20 @@ def test_reading_is_the_plain_model_over_the_packed_pages(frame, tiny_model, tmp
 
     lm = tiny_model("tiny-llama")
     doc, question = _ids(700, 4), _ids(20, 5)
-    cfg = TieredConfig(**FIXED, reading=ReadingConfig(pages=2, signal="attention", neighbours=0, frame_tokens=frame))
+    reading = ReadingConfig(passages=2, passage_tokens=40, signal="attention", frame_tokens=frame)
+    cfg = TieredConfig(**FIXED, reading=reading)
     with tiered(lm, tmp_path, cfg) as tm:
         tm.ingest(doc)
         tm.keep_in_memory()
-        pages = read(tm.cache, question, "", cfg.reading, lm.codec).pages
+        ranges = read(tm.cache, question, "", reading, lm.codec).passages
         got = tm.prefill(question, logits_to_keep=0)
-        assert tm.cache.reencoded[0][0][0].shape[1] == (frame or 32)  # [Hkv, T, D] of the sink at layer 0
-    ids = doc[:frame or 32] + [t for p in pages for t in doc[p * 32:(p + 1) * 32]]
+        assert tm.cache.reencoded[0][0][0].shape[1] >= (frame or 32)  # [Hkv, T, D] of the sink at layer 0
+    spans = [Span(i, 32 * i, min(700, 32 * i + 32)) for i in range(22)]
+    ids = [t for _, a, b in fragments(spans, merge([(0, frame or 32), *ranges])) for t in doc[a:b]]
     cache = DynamicCache(config=lm.model.config)
     with torch.inference_mode():
         lm.model(input_ids=torch.tensor([ids]), position_ids=torch.arange(700 - len(ids), 700)[None],
                  past_key_values=cache, use_cache=True)
     want = prefill(lm, question, cache, start=700, page_size=32, logits_to_keep=0)
-    assert len(pages) == 2 and torch.equal(got, want)
+    assert len(ranges) == 2 and sum(b - a for a, b in ranges) == 80 and len(ids) >= (frame or 32) + 80
+    assert torch.equal(got, want)

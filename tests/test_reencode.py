@@ -136,24 +136,23 @@ def test_qa_reads_under_fixed_by_default_and_grafts_the_same_artifact(tmp_path, 
     import json
 
     from tieredkv.cli import main
-    from tieredkv.qa import QA_READING
 
     doc = tmp_path / "doc.txt"
     doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
     args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour is the secret?", "--store",
             str(tmp_path / "s"), "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json",
-            "--quiet", "--position", "fixed"]
+            "--quiet", "--position", "fixed", "--read-tokens", "64"]
     assert main(args) == 0
     on = json.loads(capsys.readouterr().out)
-    assert on["context"] == "ingested" and on["attended"] == "read" and on["reading"]["pages"] == QA_READING.pages
-    # one page holds the question's words ("secret", "colour"): it and its neighbours are read, with the sink
-    secret = next(p for p in on["pages_shown"] if "secret" in p["text"])
-    assert secret["rank"] == 1 and on["reencoded_pages"] == [0, secret["page"] - 1, secret["page"], secret["page"] + 1]
-    assert main([*args, "--read-pages", "0"]) == 0  # no reading: attention retrieves from the stored pages
+    assert on["context"] == "ingested" and on["attended"] == "read" and on["reading"]["passage_tokens"] == 64
+    (passage,) = on["shown"]  # one passage, centred on the question's words
+    assert "The secret colour is teal." in passage["text"] and passage["tokens"][1] - passage["tokens"][0] == 64
+    assert on["reencoded_pages"][0] == 0 and on["reading"]["frame_tokens"] == len("Document:\n")
+    assert main([*args, "--read-passages", "0"]) == 0  # no reading: attention retrieves from the stored pages
     off = json.loads(capsys.readouterr().out)
     assert off["context"].startswith("grafted") and off["artifact"] == on["artifact"]
     assert off["reencoded_pages"] == [] and off["attended"] == "retrieved" and off["reading"] is None
-    assert main([*args, "--read-pages", "0", "--reencode-pages", "3"]) == 0  # the earlier question-time step
+    assert main([*args, "--read-passages", "0", "--reencode-pages", "3"]) == 0  # the earlier question-time step
     beside = json.loads(capsys.readouterr().out)
     assert beside["attended"] == "retrieved" and beside["reencoded_pages"][0] == 0 and len(beside["reencoded_pages"]) <= 4
 
@@ -168,5 +167,5 @@ def test_qa_refuses_reencoding_under_own_positions(tmp_path, capsys):
     assert main([*base, "--position", "own", "--reencode-pages", "4"]) == 2
     assert "--position" in capsys.readouterr().err
     assert main([*base, "--position", "fixed", "--reencode-pages", "-1"]) == 2
-    assert main([*base, "--position", "fixed", "--read-neighbours", "-1"]) == 2
+    assert main([*base, "--position", "fixed", "--read-tokens", "0"]) == 2
     assert not (tmp_path / "s").exists()  # refused before any store or model work

@@ -19,9 +19,9 @@ from tieredkv.artifacts.artifact import Artifact
 from tieredkv.tiered_config import AUTO, ReadingConfig, TieredConfig
 
 DEFAULT_MAX_NEW_TOKENS = 48
-# How a question reads a document longer than the model's window (measured: bench/longdoc_qa.py).
-# (frame_tokens: set per model by qa_config, the length of prompt_parts' frame.)
-QA_READING = ReadingConfig(pages=6, signal="lexical", neighbours=1)
+# How a question reads a document longer than the model's window (measured: bench/longdoc_qa.py);
+# qa_config sets frame_tokens to the length of prompt_parts' frame.
+QA_READING = ReadingConfig(passages=1, passage_tokens=512, signal="lexical")
 
 
 def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
@@ -31,7 +31,9 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     "auto"; pass reading=None, or reencode_pages=N, for another question-time step)."""
     fields.setdefault("position", AUTO)
     if "reading" not in fields and not fields.get("reencode_pages") and fields["position"] != "own":
-        fields["reading"] = dataclasses.replace(QA_READING, frame_tokens=frame_tokens(lm))
+        fields["reading"] = QA_READING
+    if fields.get("reading") is not None and fields["reading"].frame_tokens is None:  # QA prompts open with a frame
+        fields["reading"] = dataclasses.replace(fields["reading"], frame_tokens=frame_tokens(lm))
     return TieredConfig(**fields).resolve(lm.model, num_tokens)
 
 

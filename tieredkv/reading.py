@@ -1,57 +1,66 @@
-"""Question-time reading (fixed policy; approximate): find the passages a question is about among the
-stored pages, and read them afresh, together, right before the question.
+"""Question-time reading (fixed policy; approximate): find where in a long document a question's
+answer is, and read those passages afresh, together, right before the question.
 
-    rank     every document page, by two signals over the stored pages:
-               attention  one probe forward of the question over a throwaway copy of the context:
-                          how many layers retrieve the page (each layer: the union of its KV heads'
-                          top-k by the page index, as attention itself retrieves)
+    rank     the document's pages, over the stored pages, by
                lexical    BM25 of the question's words over the page's text (its token ids, decoded)
-             fused by reciprocal rank (Cormack et al. 2009): a page high in either list ranks high
-    choose   the best pages, each with `neighbours` pages either side (a passage, not a sentence cut
-             at a page boundary), until `pages` document pages are chosen
-    read     the sink page and the chosen pages, computed afresh by the model in document order
-             and packed right before the question, so the question reads them as one short
-             document; attention then sees exactly those pages and the question's own tokens
-             (`CompactReading`)
+               attention  a probe forward of the question over a throwaway copy of the context: how
+                          many layers retrieve the page (each layer: the union of its KV heads' top-k
+                          by the page index, as attention itself retrieves)
+               hybrid     both, fused by reciprocal rank (Cormack et al. 2009)
+    place    in each of the best `passages` pages, the point where the question's words are densest
+             (each matching word weighted by its BM25 idf); a passage is the `passage_tokens` tokens
+             centred there, which may reach into the neighbouring pages
+    read     the context's frame (its first `frame_tokens` tokens, else the sink page) and the
+             passages, computed afresh by the model in document order and packed right before the
+             question, so that the question reads them as one short document; attention then sees
+             exactly those tokens and the question's own (`CompactReading`)
 
 Nothing stored changes: the re-encoded K/V live in the cache for this context only
 (`TieredCache.reencoded`), and the question's pages are keyed under a fingerprint that names them.
 This is GemFilter's and InfiniRetri's "select, then re-read the selection", with the selection made
-over the memory tier's own pages and index.
+over the memory tier's own pages. bench/longdoc_qa.py measures it, and each signal's ranks
+("signals"): for the 135M embedded model the lexical signal finds the answer page first for nearly
+every question, the attention signals rarely do, and fusing them loses to lexical alone.
 """
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
+from index.lexical import STOPWORDS
 from tieredkv import attention
 from tieredkv.placement import PlacementPolicy
 from tieredkv.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
+_WORD = re.compile(r"[a-z0-9_]+")
 
 
 @dataclass
 class Reading:
-    """What one question read: the chosen pages and how each signal ranked them."""
+    """What one question read: its passages, and how the signal ranked the pages."""
 
-    pages: list[int]  # document pages read (position order, sink excluded)
-    ranked: list[int]  # every candidate page, best first, by the configured signal
+    passages: list[tuple[int, int]]  # token ranges [first, end) read, own positions, document order
+    pages: list[int]  # the pages those ranges touch
+    ranked: list[int]  # pages the signal scored, best first
     attention_votes: dict[int, int] = field(default_factory=dict)
     lexical_scores: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self, top: int = 16) -> dict:
         d = asdict(self)
         d["ranked"] = self.ranked[:top]
-        d["attention_votes"] = dict(sorted(self.attention_votes.items(), key=lambda kv: -kv[1])[:top])
-        d["lexical_scores"] = {p: round(s, 3) for p, s in
-                               sorted(self.lexical_scores.items(), key=lambda kv: -kv[1])[:top]}
+        d["attention_votes"] = [[p, n] for p, n in sorted(self.attention_votes.items(), key=lambda kv: -kv[1])[:top]]
+        d["lexical_scores"] = [[p, round(s, 3)] for p, s in
+                               sorted(self.lexical_scores.items(), key=lambda kv: -kv[1])[:top]]
         return d
 
 
+# ----------------------------------------------------------------------------- the signals
 def attention_votes(cache, prompt_ids: Sequence[int]) -> dict[int, int]:
     """Page id -> how many layers retrieve it in one forward of `prompt_ids`, run over a throwaway
     copy of `cache`'s sealed context with its own placement policy."""
@@ -69,6 +78,21 @@ def attention_votes(cache, prompt_ids: Sequence[int]) -> dict[int, int]:
     finally:
         shadow.close()
     return dict(collections.Counter(p for sel in shadow.retrieval_log for p in sel))
+
+
+def lexical_index(cache, codec):
+    """BM25 over the text of every sealed page of `cache`, built at a context's first question."""
+    from index.lexical import BM25Index
+
+    if cache.lexical_index is None or len(cache.lexical_index) != len(cache.spans):
+        cache.lexical_index = BM25Index([codec.decode(cache.page_token_ids(p)) for p in range(len(cache.spans))])
+    return cache.lexical_index
+
+
+def lexical_scores(cache, candidates: Sequence[int], query: str, codec) -> dict[int, float]:
+    """Page id -> BM25 of `query`'s words over the page's text (pages where none occurs are left out)."""
+    scores = lexical_index(cache, codec).scores(query)
+    return {p: float(scores[p]) for p in candidates if scores[p] > 0}
 
 
 def fuse(rankings: Sequence[Sequence[int]]) -> list[int]:
@@ -89,20 +113,83 @@ def rank(candidates: Sequence[int], votes: dict[int, int] | None, lexical: dict[
     return fuse(first) if len(first) > 1 else list(first[0])
 
 
-def choose(ranked: Sequence[int], candidates: Sequence[int], count: int, neighbours: int) -> list[int]:
-    """Up to `count` candidate pages: each ranked page with its neighbours, best pages first."""
-    allowed, chosen = set(candidates), []
+# ----------------------------------------------------------------------------- passages
+def word_weights(token_texts: Sequence[str], weights: dict[str, float]) -> np.ndarray:
+    """[T] per token: the summed weight of the question's words that start in it."""
+    text, starts = "", []
+    for t in token_texts:
+        starts.append(len(text))
+        text += t
+    out = np.zeros(len(token_texts))
+    for m in _WORD.finditer(text.lower()):
+        w = weights.get(m.group())
+        if w:
+            out[np.searchsorted(starts, m.start(), side="right") - 1] += w
+    return out
+
+
+def centre(weights: Sequence[float], width: int) -> int:
+    """The index whose surrounding `width` tokens hold the most weight, nearer tokens counting more (so a
+    lone word is its own centre, and a cluster's centre is its middle); the middle when nothing weighs."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if not weights.any():
+        return len(weights) // 2
+    half = max(1, width // 2)
+    kernel = np.exp(-2.0 * (np.arange(-half, half + 1) / half) ** 2)  # a Gaussian, sigma = width / 4
+    around = np.convolve(weights, kernel, mode="full")[half:half + len(weights)]  # [T]: centred on each token
+    return int(np.argmax(around))
+
+
+def passages(cache, ranked: Sequence[int], query: str, config: ReadingConfig, codec, *,
+             first: int, end: int) -> list[tuple[int, int]]:
+    """Token ranges [a, b) (own positions, within [first, end)) of up to `config.passages` passages:
+    each centred where the question's words are densest in and around one of the best pages."""
+    index = lexical_index(cache, codec)
+    weights = {w: index.idf.get(w, 0.0) for w in set(_WORD.findall(query.lower())) if w not in STOPWORDS}
+    spans, n, out = cache.spans, config.passage_tokens, []
     for p in ranked:
-        for q in [p, *(p + d for k in range(1, neighbours + 1) for d in (-k, k))]:
-            if q in allowed and q not in chosen and len(chosen) < count:
-                chosen.append(q)
-        if len(chosen) >= count:
+        if len(out) == config.passages:
             break
-    return sorted(chosen)
+        if any(a <= spans[p].start and spans[p].end <= b for a, b in out):
+            continue  # already read whole
+        lo_page, hi_page = max(0, p - 1), min(len(spans), p + 2)
+        ids = [t for q in range(lo_page, hi_page) for t in cache.page_token_ids(q)]
+        around = spans[lo_page].start  # own position of ids[0]
+        dense = word_weights([codec.decode([t]) for t in ids], weights)
+        # the centre lies in page p (its neighbours only widen the window the passage may use)
+        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], n)
+        a = max(first, min(around + c - n // 2, end - n))
+        out.append((a, min(end, a + n)))
+    return merge(out)
 
 
+def merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, overlapping or touching ranges joined."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def fragments(spans, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(page id, first, end) per page that `ranges` touch, document order; one fragment per page
+    (two ranges in one page are read as the span from the first's start to the second's end)."""
+    per_page: dict[int, list[int]] = {}
+    for a, b in ranges:
+        for s in spans:
+            lo, hi = max(a, s.start), min(b, s.end)
+            if lo < hi:
+                f = per_page.setdefault(s.page_id, [lo, hi])
+                f[0], f[1] = min(f[0], lo), max(f[1], hi)
+    return [(p, lo, hi) for p, (lo, hi) in sorted(per_page.items())]
+
+
+# ----------------------------------------------------------------------------- reading
 class CompactReading(PlacementPolicy):
-    """Attention over exactly the re-encoded pages (already at their packed positions) and the pages
+    """Attention over exactly the re-encoded tokens (already at their packed positions) and the pages
     sealed after the document (the question's own): no retrieval, no local window."""
 
     name = "compact"
@@ -117,31 +204,22 @@ class CompactReading(PlacementPolicy):
         return {}  # re-encoded keys were computed where they sit; the question's pages are at their own
 
 
-def lexical_scores(cache, candidates: Sequence[int], query: str, codec) -> dict[int, float]:
-    """Page id -> BM25 of `query`'s words over the page's text (the page's token ids, decoded)."""
-    from index.lexical import BM25Index
-
-    if cache.lexical_index is None or len(cache.lexical_index) != len(cache.spans):  # built at the first question
-        cache.lexical_index = BM25Index([codec.decode(cache.page_token_ids(p)) for p in range(len(cache.spans))])
-    scores = cache.lexical_index.scores(query)
-    return {p: float(scores[p]) for p in candidates if scores[p] > 0}
-
-
 def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec) -> Reading:
-    """Rank the document's pages for a question, choose its passages, read them afresh right before it
-    (the sink page first), and make attention see only them and the question (`CompactReading`)."""
-    from tieredkv.reencode import reencode
+    """Find the question's passages, read them afresh right before it (the frame first), and make
+    attention see only them and the question (`CompactReading`)."""
+    from tieredkv.reencode import encode_fragments
 
-    num_pages = len(cache.spans)
-    framed = config.frame_tokens is not None and cache.config.sink_pages == 1
-    candidates = list(range(0 if framed else min(cache.config.sink_pages, num_pages), num_pages))
+    spans, end = cache.spans, cache.sealed_upto
+    frame = config.frame_tokens if config.frame_tokens is not None else spans[min(cache.config.sink_pages, len(spans)) - 1].end
+    frame = min(frame, end)
+    candidates = [s.page_id for s in spans if s.end > frame]
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}
     words = lexical_scores(cache, candidates, query, codec) if config.signal in ("lexical", "hybrid") else {}
     ranked = rank(candidates, votes, words, config.signal)
-    # nothing matched (no word of the question in the document): the document's end, as truncation reads
-    pages = choose(ranked, candidates, config.pages, config.neighbours) or candidates[-config.pages:]
-    # the frame stands for the sink page, unless the page itself was chosen (then it is read whole)
-    frame = config.frame_tokens if framed and 0 not in pages else None
-    reencode(cache, pages, end=cache.sealed_upto, keep_packed=True, sink_tokens=frame)
-    cache.policy = CompactReading(num_pages)  # this context only: a reset restores the model's policy
-    return Reading(pages, ranked, votes, words)
+    # nothing matched (no word of the question in the document): read the document's end, as truncation does
+    ranges = passages(cache, ranked, query, config, codec, first=frame, end=end) or \
+        [(max(frame, end - config.passage_tokens * config.passages), end)]
+    parts = fragments(spans, merge([(0, frame), *ranges]))
+    encode_fragments(cache, parts, end, keep_packed=True)
+    cache.policy = CompactReading(len(spans))  # this context only: a reset restores the model's policy
+    return Reading(ranges, [p for p, _, _ in fragments(spans, ranges)], ranked, votes, words)

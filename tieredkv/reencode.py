@@ -52,47 +52,42 @@ def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
     return sorted(sorted(votes, key=lambda p: (-votes[p], p))[:count])
 
 
-def reencode(cache, pages: Sequence[int], *, end: int | None = None, keep_packed: bool = False,
-             sink_tokens: int | None = None) -> list[int]:
-    """Compute the sink pages and `pages` (those before `end`) afresh, together, packed right before
-    `end`, and install their K/V in `cache.reencoded`. Returns the page ids re-encoded (position order).
+def encode_fragments(cache, fragments: Sequence[tuple[int, int, int]], end: int, *, keep_packed: bool) -> None:
+    """Compute `fragments` afresh, together, packed right before position `end`, and serve them to
+    full-attention layers in place of their pages (`cache.reencoded`).
 
-    `end` None: the local window's start, where `fixed` packs far pages; keys are moved back to their
-    own positions so each layer packs them with what it retrieves. `keep_packed`: keys stay where they
-    were computed (a policy that attends to them there, `reading.CompactReading`, moves nothing).
-    `sink_tokens`: only the context's first tokens stand for the sink (its frame), not whole sink pages."""
+    fragments: (page id, first, last + 1) in own positions, in document order, one per page. Keys stay
+    where they were computed with `keep_packed`, else are moved back to their own positions."""
     from tieredkv.rotary import rerotate
 
     spans = cache.spans
-    if end is None:
-        first = cache.local_first
-        end, eligible = spans[first].start, range(first)
-    else:
-        eligible = range(sum(s.end <= end for s in spans))
-    sinks = range(min(cache.config.sink_pages, len(eligible)))
-    far = sorted({*sinks, *(int(p) for p in pages if int(p) in eligible)})
-    if not far:
-        return []
-    ids = {p: cache.page_token_ids(p) for p in far}
-    if sink_tokens is not None:
-        ids[0] = [t for p in sinks for t in ids[p]][:sink_tokens]
-        far = [p for p in far if p not in sinks or p == 0]
-    total = sum(len(ids[p]) for p in far)
-    start = end - total  # packed: the first re-encoded token sits here, the last right before `end`
+    ids = {p: cache.page_token_ids(p)[lo - spans[p].start:hi - spans[p].start] for p, lo, hi in fragments}
+    start = end - sum(len(x) for x in ids.values())  # the first token's packed position
     model = cache.model
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([[t for p in far for t in ids[p]]], device=model.device),
+        out = model(input_ids=torch.tensor([[t for p, _, _ in fragments for t in ids[p]]], device=model.device),
                     position_ids=torch.arange(start, end, device=model.device)[None], use_cache=True,
                     logits_to_keep=1)
     layers, at, fresh = out.past_key_values.layers, 0, {}
-    for p in far:
-        n, shift = len(ids[p]), start + at - spans[p].start
+    for p, lo, _ in fragments:
+        n, shift = len(ids[p]), start + at - lo
         # NOTE: sliding-window layers keep reading the stored page (and their fresh cache holds only
         # the window): they get None
-        fresh[p] = [None if cache.layers[i].is_sliding else
-                    (x.keys[0, :, at:at + n] if keep_packed else rerotate(model, x.keys[0, :, at:at + n], -shift, i),
-                     x.values[0, :, at:at + n])
-                    for i, x in enumerate(layers)]
+        fresh[p] = (lo, [None if cache.layers[i].is_sliding else
+                         (x.keys[0, :, at:at + n] if keep_packed else rerotate(model, x.keys[0, :, at:at + n], -shift, i),
+                          x.values[0, :, at:at + n])
+                         for i, x in enumerate(layers)])
         at += n
     cache.adopt_reencoded(fresh)
+
+
+def reencode(cache, pages: Sequence[int]) -> list[int]:
+    """Compute the sink pages and `pages` (those before the local window) afresh, together, packed where
+    `fixed` packs far pages (right before the local window), with keys moved back to their own positions,
+    so each layer packs them with whatever else it retrieves. Returns the page ids re-encoded."""
+    spans, first = cache.spans, cache.local_first
+    far = sorted({*range(min(cache.config.sink_pages, first)), *(int(p) for p in pages if int(p) < first)})
+    if far:
+        encode_fragments(cache, [(p, spans[p].start, spans[p].end) for p in far], spans[first].start,
+                         keep_packed=False)
     return far

@@ -158,7 +158,8 @@ class TieredCache(Cache):
         self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
         # page id -> per layer (K, V), computed afresh at question time (tieredkv/reencode.py); full-attention
         # layers read these instead of the stored page, and always hold them in their working set
-        self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+        self.reencoded_start: dict[int, int] = {}  # page id -> own position of its first re-encoded token
         self.lexical_index = None  # BM25 over page text, built at a question's first reading (tieredkv/reading.py)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -231,12 +232,15 @@ class TieredCache(Cache):
             layer.values = torch.empty(shape, dtype=layout.torch_dtype, device=layer.device)
             layer.is_initialized = True
 
-    def adopt_reencoded(self, kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        """Serve `kv` (page id -> per layer (K, V), tieredkv/reencode.py) to full-attention layers in
-        place of the stored pages. Pages sealed from here on attend to them, not to the stored bytes:
-        other bytes, so their keys hash a fingerprint that names the re-encoded pages."""
-        self.reencoded.update(kv)
-        blob = json.dumps({"regime": self.fingerprint, "reencoded": sorted(self.reencoded)}, sort_keys=True)
+    def adopt_reencoded(self, fresh: dict[int, tuple[int, list]]) -> None:
+        """Serve `fresh` (page id -> (own position of its first token, per layer (K, V) or None),
+        tieredkv/reencode.py) to full-attention layers in place of the stored pages; a re-encoded
+        page may hold only part of the page's tokens. Pages sealed from here on attend to them, not
+        to the stored bytes: other bytes, so their keys hash a fingerprint that names them."""
+        for page_id, (first, kv) in fresh.items():
+            self.reencoded[page_id], self.reencoded_start[page_id] = kv, first
+        blob = json.dumps({"regime": self.fingerprint, "reencoded": sorted(self.reencoded_start.items())},
+                          sort_keys=True)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()
 
     def page_token_ids(self, page_id: int) -> list[int]:
@@ -252,11 +256,15 @@ class TieredCache(Cache):
         """Sealed pages that are in the store (the rest wait in `writer.pending`)."""
         return len(self.page_keys) - len(self.writer.pending)
 
+    def reads_reencoded(self, page_id: int, layer: int) -> bool:
+        """Whether attention at `layer` reads the page's re-encoded K/V (full-attention layers only)."""
+        return page_id in self.reencoded and not self.layers[layer].is_sliding
+
     def page_kv(self, page_id: int, layer: int, pin=frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V ([Hkv, T, D]) of a sealed page at one layer, as attention reads them: re-encoded K/V
         for full-attention layers when the page was re-encoded, else the stored page (device tier,
         then host, then LMDB; `pin`: (key, layer) pairs the device tier must not evict meanwhile)."""
-        if page_id in self.reencoded and not self.layers[layer].is_sliding:
+        if self.reads_reencoded(page_id, layer):
             return self.reencoded[page_id][layer]
         key = self.page_keys[page_id]
         if page_id >= self.num_written:
@@ -284,8 +292,9 @@ class TieredCache(Cache):
         for s, off in parts:
             k, v = self.page_kv(s.page_id, layer_idx, pin)
             ks.append(k[:, off:]), vs.append(v[:, off:])
-            # NOTE: the page's own positions; a re-encoded sink may hold only the page's first tokens
-            pos.append(torch.arange(s.start + off, s.start + k.shape[1], device=query.device))
+            # NOTE: own positions; a re-encoded page may hold only some of its tokens, from `first` on
+            first = self.reencoded_start[s.page_id] if self.reads_reencoded(s.page_id, layer_idx) else s.start
+            pos.append(torch.arange(first + off, first + k.shape[1], device=query.device))
         if shifts:
             self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
         ks.append(layer.keys), vs.append(layer.values)

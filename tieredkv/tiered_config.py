@@ -14,20 +14,19 @@ READING_SIGNALS = ("attention", "lexical", "hybrid")
 
 @dataclass(frozen=True)
 class ReadingConfig:
-    """How a question reads a long context (`TieredConfig.reading`)."""
+    """How a question reads a long context (`TieredConfig.reading`, tieredkv/reading.py)."""
 
-    pages: int = 8  # document pages read afresh (besides the sink)
-    signal: str = "hybrid"  # "attention", "lexical" or "hybrid" (both, fused by reciprocal rank)
-    neighbours: int = 1  # pages either side of each chosen page
-    # The context's first tokens that frame it (a chat template's header and instructions): read in place
-    # of the whole sink page, whose rest (the document's start) is then a candidate like any other page.
-    # None: the sink pages are read whole.
+    passages: int = 1  # places in the document the question reads
+    passage_tokens: int = 512  # tokens read around each place, centred where the question's words are densest
+    signal: str = "lexical"  # how pages are ranked: "lexical", "attention", or "hybrid" (both, fused by rank)
+    # The context's first tokens that frame it (a chat template's header and instructions): read before
+    # the passages. None: the sink pages.
     frame_tokens: int | None = None
 
     def __post_init__(self):
-        if self.pages < 1 or self.neighbours < 0 or (self.frame_tokens is not None and self.frame_tokens < 1):
-            raise ValueError(f"reading needs pages >= 1, neighbours >= 0 and frame_tokens >= 1 (or None), got "
-                             f"{self.pages}, {self.neighbours}, {self.frame_tokens}")
+        if self.passages < 1 or self.passage_tokens < 1 or (self.frame_tokens is not None and self.frame_tokens < 0):
+            raise ValueError(f"reading needs passages >= 1, passage_tokens >= 1 and frame_tokens >= 0 (or None), "
+                             f"got {self.passages}, {self.passage_tokens}, {self.frame_tokens}")
         if self.signal not in READING_SIGNALS:
             raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
 

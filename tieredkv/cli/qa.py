@@ -45,12 +45,12 @@ def _config(a, lm, num_tokens: int):
 
     fields = dict(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages, topk_pages=a.topk_pages,
                   position=a.position)
-    reading_flags = {k: v for k, v in (("pages", a.read_pages), ("signal", a.read_signal),
-                                       ("neighbours", a.read_neighbours)) if v is not None}
+    reading_flags = {k: v for k, v in (("passages", a.read_passages), ("passage_tokens", a.read_tokens),
+                                       ("signal", a.read_signal)) if v is not None}
     try:
         if a.reencode_pages:
             fields.update(reencode_pages=a.reencode_pages, reading=None)
-        elif a.read_pages == 0:
+        elif a.read_passages == 0:
             fields["reading"] = None
         elif reading_flags:
             fields["reading"] = ReadingConfig(**{**dataclasses.asdict(QA_READING), **reading_flags})
@@ -59,25 +59,28 @@ def _config(a, lm, num_tokens: int):
         raise TieredKVError(f"{e}. Check --position and the reading flags (`tieredkv qa --help`).") from None
 
 
-def _shown_pages(tm, store, lm, count: int) -> tuple[str, list[dict]]:
-    """What the answer attended to beyond the local window: the pages the question read, best first,
-    or the pages retrieval brought in most often; ("fit", []) when the context fit the working set."""
+def _text(tm, lm, first: int, end: int) -> str:
+    """The document's text between two positions, from the pages' token ids."""
+    spans = tm.cache.spans
+    ids = [t for sp in spans if sp.end > first and sp.start < end
+           for t in tm.cache.page_token_ids(sp.page_id)[max(0, first - sp.start):end - sp.start]]
+    return lm.codec.decode(ids)
+
+
+def _shown(tm, lm, count: int) -> tuple[str, list[dict]]:
+    """What the answer attended to beyond the local window: the passages the question read (document
+    order), or the pages retrieval brought in most often; ("fit", []) when the context fit the working set."""
     if tm.last_reading is not None:
-        r, what = tm.last_reading, "read"
-        order = [p for p in r.ranked if p in set(r.pages)] + [p for p in r.pages if p not in set(r.ranked)]
-        counts = {p: i + 1 for i, p in enumerate(order)}
-    elif tm.cache.retrieval_log:
-        what, counts = "retrieved", dict(collections.Counter(p for sel in tm.cache.retrieval_log for p in sel))
-        order = sorted(counts, key=lambda p: (-counts[p], p))
-    else:
+        return "read", [{"tokens": [a, b], "text": _text(tm, lm, a, b)} for a, b in tm.last_reading.passages[:count]]
+    if not tm.cache.retrieval_log:
         return "fit", []
+    counts = collections.Counter(p for sel in tm.cache.retrieval_log for p in sel)
     out = []
-    for pid in order[:count]:
+    for pid, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:count]:
         span = tm.cache.spans[pid]
-        text = lm.codec.decode(tm.cache.page_token_ids(pid))
-        key = "rank" if what == "read" else "times_retrieved"
-        out.append({"page": pid, "tokens": [span.start, span.end], key: counts[pid], "text": text})
-    return what, out
+        out.append({"page": pid, "tokens": [span.start, span.end], "times_retrieved": n,
+                    "text": _text(tm, lm, span.start, span.end)})
+    return "retrieved", out
 
 
 def cmd_qa(a) -> int:
@@ -122,7 +125,7 @@ def cmd_qa(a) -> int:
             if lm.codec.eos_token_id in out:
                 out = out[: out.index(lm.codec.eos_token_id)]
             answer = lm.codec.decode(out).strip()
-            what, shown = _shown_pages(tm, store, lm, a.show_pages)
+            what, shown = _shown(tm, lm, a.show_pages)
             reencoded = sorted(tm.cache.reencoded)
             stats = store.stats()
         finally:
@@ -130,7 +133,7 @@ def cmd_qa(a) -> int:
     report = {"answer": answer, "question": question, "context": how, "position": config.position,
               "reading": dataclasses.asdict(config.reading) if config.reading else None,
               "artifact": art.artifact_id, "document_tokens": len(doc_ids), "pages": len(art.page_keys),
-              "context_s": round(t_ctx, 2), "answer_s": round(t_answer, 2), "attended": what, "pages_shown": shown,
+              "context_s": round(t_ctx, 2), "answer_s": round(t_answer, 2), "attended": what, "shown": shown,
               "reencoded_pages": reencoded, "store": store_dir, "tiers": {k: stats[k] for k in ("device", "host", "lmdb")}}
     if a.json:
         print_json(report)
@@ -141,13 +144,14 @@ def cmd_qa(a) -> int:
     if what == "fit":
         print("attention: the whole context fit the working set (nothing was retrieved or read)")
     elif what == "read":
-        print(f"read afresh before the question (sink and pages, packed right before it): {reencoded}")
+        print("read afresh right before the question (after the prompt's frame):")
     elif reencoded:
         print(f"re-encoded for this question (sink and most-retrieved pages): {reencoded}")
     for p in shown:
         snippet = " ".join(p["text"].split())[:160]
-        how_often = f"rank {p['rank']}" if what == "read" else f"retrieved {p['times_retrieved']}x"
-        print(f"  page {p['page']:4d} tokens {p['tokens'][0]}-{p['tokens'][1]} {how_often}: {snippet}…")
+        where = f"tokens {p['tokens'][0]}-{p['tokens'][1]}"
+        where = where if what == "read" else f"page {p['page']:4d} {where} retrieved {p['times_retrieved']}x"
+        print(f"  {where}: {snippet}…")
     mib = lambda b: b / 2**20  # noqa: E731
     st = report["tiers"]
     print(f"tiers: device {mib(st['device']['bytes']):.1f} MiB / {mib(st['device']['budget_bytes']):.0f} MiB, "
@@ -172,18 +176,18 @@ def register(sub) -> None:
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
     r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/reading.py)")
-    r.add_argument("--read-pages", type=int,
-                   help=f"document pages the question reads afresh (default {QA_READING.pages}; 0: no reading, "
-                        "attention retrieves from the stored pages)")
+    r.add_argument("--read-passages", type=int,
+                   help=f"places in the document the question reads afresh (default {QA_READING.passages}; 0: no "
+                        "reading, attention retrieves from the stored pages)")
+    r.add_argument("--read-tokens", type=int,
+                   help=f"tokens read around each place (default {QA_READING.passage_tokens})")
     r.add_argument("--read-signal", choices=READING_SIGNALS,
-                   help=f"how the pages are ranked (default {QA_READING.signal})")
-    r.add_argument("--read-neighbours", type=int,
-                   help=f"pages read either side of each chosen page (default {QA_READING.neighbours})")
+                   help=f"how pages are ranked to find the places (default {QA_READING.signal})")
     r.add_argument("--reencode-pages", type=int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")
     p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")
-    p.add_argument("--show-pages", type=int, default=3, help="how many read or retrieved pages to show")
+    p.add_argument("--show-pages", type=int, default=3, help="how many read passages or retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")
