@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -161,7 +162,9 @@ class PlainPrefix:
             prefill(self.lm, ids[n:-1], self.cache, start=n, page_size=512)
         out = self.lm.model.generate(torch.tensor([ids]), past_key_values=self.cache, max_new_tokens=max_new,
                                      do_sample=False, pad_token_id=self.lm.codec.eos_token_id)
-        self.cache.crop(max(0, len(self.prefix) - 1))
+        extra = self.cache.get_seq_length() - max(0, len(self.prefix) - 1)
+        if extra:
+            self.cache.crop(-extra)  # back to the shared prefix (transformers 5: a negative count removes)
         return out[0, len(ids):].tolist()
 
 
@@ -293,14 +296,22 @@ class Runner:
                 out = tm.generate(q_ids, max_new_tokens=max_new, question=item.q["question"])
                 t_answer = time.perf_counter() - t1
                 read = tm.last_reading.to_dict() if tm.last_reading is not None else None
+                # bytes on the model's device beside the device tier: the re-encoded frame and passages
+                fresh = [t for kv in tm.cache.reencoded.values() for pair in kv if pair for t in pair]
+                memory = {"device_tier_bytes": store.stats()["device"]["bytes"],
+                          "device_tier_budget_bytes": store_cfg.device_budget_bytes,
+                          "reencoded_bytes": sum(t.numel() * t.element_size() for t in fresh)}
             finally:
                 tm.close()
         answer_pages = item.answer_pages(tm.page_size)
         selected = set(read["pages"]) if read else set()
+        a, b = item.evidence_tokens()
         ev = {"config": {k: v for k, v in dataclasses.asdict(config).items() if v is not None},
               "artifact": art.artifact_id, "grafted": grafted, "open_s": round(t_open, 2),
-              "answer_s": round(t_answer, 2), "answer_pages": answer_pages, "reading": read,
-              "answer_page_selected": bool(selected & set(answer_pages)) if read else None}
+              "answer_s": round(t_answer, 2), "answer_pages": answer_pages, "evidence_tokens": [a, b],
+              "reading": read, "memory": memory,
+              "answer_page_selected": bool(selected & set(answer_pages)) if read else None,
+              "evidence_read": any(x <= a and b <= y for x, y in read["passages"]) if read else None}
         return out, ev
 
 
@@ -317,30 +328,77 @@ def summarize(rows: list[dict]) -> dict:
     for key, v in sorted(by.items(), key=lambda kv: str(kv[0])):
         d = dict(zip(key[::2], key[1::2]))
         acc.append({**d, "correct": sum(v), "questions": len(v), "accuracy": round(sum(v) / len(v), 4)})
-    return {"accuracy": acc}
+    latency: dict = {}
+    for r in rows:
+        latency.setdefault((r["system"], r["length"]), []).append(r["seconds"])
+    lat = [{"system": s, "length": n, "median_s": round(statistics.median(v), 2), "rows": len(v)}
+           for (s, n), v in sorted(latency.items())]
+    found = [r for r in rows if r.get("evidence_read") is not None]
+    reading = {n: {"evidence_read": sum(r["evidence_read"] for r in found if r["length"] == n),
+                   "questions": sum(r["length"] == n for r in found)} for n in sorted({r["length"] for r in found})}
+    return {"accuracy": acc, "latency": lat, "reading": reading}
 
 
-def plot(report: dict, path: Path) -> None:
+def table(rows: list[dict]) -> str:
+    """Markdown: correct/questions per system and length, the ceiling's share, and median seconds."""
+    summary = summarize(rows)
+    acc = {(a["system"], a["length"]): a for a in summary["accuracy"] if "depth" not in a}
+    lat = {(x["system"], x["length"]): x["median_s"] for x in summary["latency"]}
+    lengths = [n for n in LENGTHS if any(k[1] == n for k in acc)]
+    systems = [s for s in SYSTEMS if any(k[0] == s for k in acc)]
+    out = ["| system | " + " | ".join(lengths) + " | median s/question |", "|---|" + "---:|" * (len(lengths) + 1)]
+    for sy in systems:
+        cells = []
+        for n in lengths:
+            a, c = acc.get((sy, n)), acc.get(("ceiling", n))
+            share = f" ({a['correct'] / c['correct']:.0%} of ceiling)" if a and c and c["correct"] and sy != "ceiling" else ""
+            cells.append(f"{a['correct']}/{a['questions']}{share}" if a else "—")
+        secs = " / ".join(f"{lat[(sy, n)]:.0f}" for n in lengths if (sy, n) in lat)
+        out.append(f"| {sy} | " + " | ".join(cells) + f" | {secs} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], model: str, path: Path) -> None:
+    """Accuracy by system and length (bars), and by depth for each system (lines, all lengths pooled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    acc = [a for a in report["summary"]["accuracy"] if "depth" not in a]
+    summary = summarize(rows)
+    acc = [a for a in summary["accuracy"] if "depth" not in a]
     lengths = [x for x in LENGTHS if any(a["length"] == x for a in acc)]
     systems = [s for s in SYSTEMS if any(a["system"] == s for a in acc)]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]})
     width = 0.8 / max(1, len(systems))
-    for j, s in enumerate(systems):
-        ys = [next((a["accuracy"] for a in acc if a["system"] == s and a["length"] == x), 0) for x in lengths]
-        ax.bar([i + j * width for i in range(len(lengths))], ys, width, label=s)
+    for j, sy in enumerate(systems):
+        ys = [next((a["accuracy"] for a in acc if a["system"] == sy and a["length"] == x), 0) for x in lengths]
+        ax.bar([i + j * width for i in range(len(lengths))], ys, width, label=sy)
+        bins: dict = {}
+        for r in rows:
+            if r["system"] == sy and r["correct"] is not None:
+                bins.setdefault(min(4, int(r["depth"] * 5)), []).append(r["correct"])
+        xs = sorted(bins)
+        ax2.plot([(x + 0.5) / 5 for x in xs], [sum(bins[x]) / len(bins[x]) for x in xs], marker="o", label=sy)
     ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(lengths))], lengths)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy (accepted answer in the output)")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Long-document QA, {report['model']} ({len(report['rows']) // max(1, len(systems))} rows/system)")
-    ax.legend(fontsize=8, ncol=len(systems))
+    ax.set_title(f"Long-document QA, {model}: by context length")
+    ax.legend(fontsize=8, ncol=3)
+    ax2.set_xlabel("depth of the evidence in the document")
+    ax2.set_ylim(0, 1)
+    ax2.set_title("by depth (lengths pooled)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def render(paths: list[str], out: Path) -> None:
+    """Combine reports (one per length, say): a table on stdout and a plot at `out`."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r for rep in reports for r in rep["rows"]]
+    plot(rows, reports[0]["model"], out)
+    print(table(rows))
 
 
 def main(argv=None) -> int:
@@ -359,7 +417,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/longdoc_qa.json")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--render", nargs="+", metavar="REPORT", help="only combine these reports: a table, and a plot "
+                    "at --out with a .png suffix")
     a = ap.parse_args(argv)
+    if a.render:
+        render(a.render, Path(a.out).with_suffix(".png"))
+        return 0
     lengths = a.lengths.split(",")
     systems = a.systems.split(",")
     bad = [x for x in lengths if x not in LENGTHS] + [s for s in systems if s not in SYSTEMS]
@@ -417,10 +480,8 @@ def main(argv=None) -> int:
             write_report(out, report)
     report["summary"] = summarize(rows)
     write_report(out, report)
-    plot(report, out.with_suffix(".png"))
-    for a_ in report["summary"]["accuracy"]:
-        if "depth" not in a_:
-            print(f"{a_['length']:5s} {a_['system']:10s} {a_['correct']:3d}/{a_['questions']:<3d} {a_['accuracy']:.2f}")
+    plot(rows, lm.name, out.with_suffix(".png"))
+    print(table(rows))
     return 0
 
 
