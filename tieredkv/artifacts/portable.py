@@ -45,14 +45,20 @@ __all__ = ["ArtifactFormatError", "ArtifactIntegrityError", "ArtifactTruncatedEr
 
 
 # ----------------------------------------------------------------------------- export
-def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike, *,
+def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike | BinaryIO, *,
                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write artifact `artifact_id` (id or unique prefix) of `store` to `path`, atomically.
+
+    `path` is a regular file (replaced atomically) or a name that does not exist yet; a directory,
+    symlink, FIFO, socket or device is refused (ArtifactWriteError) before anything is read. A
+    binary stream (stdout) is written as it goes.
 
     Every page is read verified from the store (a corrupt page raises CorruptPageError and no
     file is written). Deterministic: the same artifact always gives the same bytes. Returns a
     summary with the file's size and SHA-256.
     """
+    if not hasattr(path, "write"):
+        check_target(Path(path))  # before any work; _AtomicFile checks again just before the rename
     art = load_artifact(store, artifact_id)
     page_fp = chain_fingerprint(art)
     # Pass 1: verify the chain and size every page blob, so the header can go first.
@@ -68,11 +74,14 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike,
     tokens = _token_bytes(ids)
     header = encode_header(art, hashlib.sha256(tokens).hexdigest(), sections)
     digest = hashlib.sha256()
-    path = Path(path)
-    with _AtomicFile(path) as f:
+    nbytes = 0
+
+    def write_all(f: BinaryIO) -> None:
+        nonlocal nbytes
         for chunk in (header, tokens):
             f.write(chunk)
             digest.update(chunk)
+            nbytes += len(chunk)
         # Pass 2: the same pages again, streamed; the store is immutable per key, so a changed
         # blob means the store changed under us (an alarm, not a race to paper over).
         for i, (_, blob) in enumerate(_prefetch(_store_pages(store, art))):
@@ -80,10 +89,19 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike,
                 raise CorruptPageError(art.page_keys[i], "page bytes changed between the two export passes")
             f.write(blob)
             digest.update(blob)
+            nbytes += len(blob)
             if progress is not None:
                 progress(i + 1, len(art.page_keys))
-        nbytes = f.tell()
-    return {**art.summary(), "path": str(path), "file_bytes": nbytes, "file_sha256": digest.hexdigest(),
+
+    if hasattr(path, "write"):  # a stream (stdout): written as it goes, not atomically
+        write_all(path)
+        path.flush()
+        where = getattr(path, "name", "<stream>")
+    else:
+        where = Path(path)
+        with _AtomicFile(where) as f:
+            write_all(f)
+    return {**art.summary(), "path": str(where), "file_bytes": nbytes, "file_sha256": digest.hexdigest(),
             "format_version": FILE_VERSION}
 
 
@@ -133,7 +151,7 @@ def verify_file(src: str | os.PathLike | BinaryIO, *,
 
 def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_fingerprint: str | None = None,
                     expected_domain: dict[str, Any] | None = None, allow_domain_mismatch: bool = False,
-                    progress: Callable[[int, int], None] | None = None) -> Artifact:
+                    progress: Callable[[int, int], None] | None = None, recompute=None) -> Artifact:
     """Verify the artifact file at `path` completely, then put its pages and manifest in `store`.
 
     Refused before anything is written: a malformed, truncated or altered file
@@ -141,7 +159,10 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
     model the store is bound to (ModelMismatchError), another determinism domain than
     `expected_domain` unless `allow_domain_mismatch` (DomainMismatchError), and stored pages or
     a manifest with the same key but other bytes (PageConflictError). Importing twice is a no-op.
+    `recompute` (a recompute.Recomputer for this artifact) sees every verified page in pass 1 and
+    refuses the file (RecomputeMismatchError) if a sampled page does not reproduce.
     """
+    _check_source(Path(path))
     header = read_header(path)
     art = header.artifact
     bound = store.get_meta(STORE_FINGERPRINT_META)
@@ -159,6 +180,8 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
         if stored is not None and stored != blob and is_valid_page(stored, page.key):
             raise PageConflictError(f"page {i} ({page.key}) is in store {store.path} with other bytes: the same "
                                     "token chain produced different KV — check the determinism domain")
+        if recompute is not None:
+            recompute.feed(page)
 
     header = verify_file(path, on_page=no_conflict)  # pass 1: nothing is written yet
     added: list[str] = []
@@ -191,6 +214,19 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
                 pass
         raise
     return art
+
+
+def _check_source(path: Path) -> None:
+    """An artifact is read from a regular file: a directory cannot be read, and opening a FIFO would wait forever."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ArtifactFormatError(f"cannot read artifact file {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise ArtifactFormatError(f"{path} is {kind}; give an artifact file written by `tieredkv export`")
 
 
 def _check_manifest_slot(store: PageStore, art: Artifact, manifest: bytes) -> None:
@@ -287,6 +323,7 @@ class _AtomicFile:
         self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
     def __enter__(self):
+        check_target(self.path)
         remove_stale_temps(self.path)
         try:
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -302,8 +339,12 @@ class _AtomicFile:
                 os.fsync(self.f.fileno())
             self.f.close()
             if exc_type is None:
+                check_target(self.path)
                 os.replace(self.tmp, self.path)
                 _fsync_dir(self.path.parent)
+        except ArtifactWriteError:
+            self._discard()
+            raise
         except OSError as err:
             self._discard()
             raise ArtifactWriteError(f"cannot write {self.path}: {err}; no file was left") from err
@@ -322,6 +363,26 @@ class _AtomicFile:
             os.unlink(self.tmp)
         except FileNotFoundError:
             pass
+
+
+def check_target(path: Path) -> None:
+    """Refuse to replace anything but a regular file: os.replace over a symlink, FIFO or device node
+    would swap the node itself (as root, `-o /dev/null` would replace the system's /dev/null)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            raise ArtifactWriteError(f"cannot write {path}: the directory {path.parent} does not exist") from None
+        return
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+            else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+            else "a device node")
+    raise ArtifactWriteError(f"refusing to write {path}: it is {kind}, not a regular file; give a new or regular "
+                             "file name (or `-o -` for standard output)")
 
 
 def remove_stale_temps(path: Path) -> list[str]:
