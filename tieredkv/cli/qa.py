@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import model_arg, print_json
+from tieredkv.cli.common import model_arg, nonneg_int, positive_int, print_json, read_text_file
 
 # Under the fixed policy, re-encode the sink and this many most-retrieved pages before answering
 # (TieredConfig.reencode_pages; measured in bench/placement_sweep.py, see the README).
@@ -29,10 +29,10 @@ def _prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int
 
 
 def _find_artifact(store, name: str, regime: dict):
-    from tieredkv.artifacts.artifact import Artifact
+    from tieredkv.artifacts.manifest import parse_manifest
 
     for art_id in store.list_manifests():
-        art = Artifact.from_json(store.get_manifest(art_id))
+        art = parse_manifest(store.get_manifest(art_id), stored_as=art_id, where=store.path)  # verified
         if art.name == name and art.domain.get("regime") == regime:
             return art
     return None
@@ -74,7 +74,7 @@ def cmd_qa(a) -> int:
     from tieredkv.tiered_config import TieredConfig
     from tieredkv.tiered_model import TieredModel, working_set_bytes
 
-    document = Path(a.doc).read_text(encoding="utf-8") if a.doc else default_document()
+    document = read_text_file(a.doc, "--doc") if a.doc else default_document()
     question = a.question if a.question is not None else DEFAULT_QUESTION
     if not document.strip():
         raise EmptyInputError(f"the document {a.doc or '(default)'} is empty")
@@ -160,18 +160,18 @@ def register(sub) -> None:
     p.add_argument("--doc", help="a UTF-8 text file (default: statements chapter of the Python language reference)")
     p.add_argument("--question", help="the question (default: %r)" % "What does the nonlocal statement do?")
     p.add_argument("--store", help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--page-size", type=int)
-    p.add_argument("--sink-pages", type=int, default=1)
-    p.add_argument("--local-pages", type=int, default=16)
-    p.add_argument("--topk-pages", type=int, help="per KV head (default: 16 under --position own, 8 under fixed)")
-    p.add_argument("--reencode-pages", type=int,
+    p.add_argument("--max-new-tokens", type=positive_int, default=48)
+    p.add_argument("--page-size", type=positive_int)
+    p.add_argument("--sink-pages", type=nonneg_int, default=1)
+    p.add_argument("--local-pages", type=positive_int, default=16)
+    p.add_argument("--topk-pages", type=positive_int, help="per KV head (default: 16 under --position own, 8 under fixed)")
+    p.add_argument("--reencode-pages", type=nonneg_int,
                    help=f"fixed policy: compute the sink and the N pages the question retrieves most afresh, together, "
                         f"before answering (default: {QA_REENCODE} under fixed; 0: off)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
-    p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")
-    p.add_argument("--show-pages", type=int, default=3, help="how many retrieved pages to show")
+    p.add_argument("--disk-budget", type=positive_int, help="bytes the store may use on disk (default: the free space)")
+    p.add_argument("--show-pages", type=positive_int, default=3, help="how many retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")
