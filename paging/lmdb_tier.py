@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import shutil
 import threading
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -45,8 +46,11 @@ _RESTORE_HINT = ("restore the store from a backup, or re-import or re-deposit it
                  "file to accept it as it is")
 
 
+_PAGE_KEY = re.compile(rb"[0-9a-f]{64}")
+
+
 def _is_page_key(raw: bytes) -> bool:
-    return len(raw) == 64 and all(c in b"0123456789abcdef" for c in raw)
+    return _PAGE_KEY.fullmatch(raw) is not None
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -151,7 +155,7 @@ class LMDBTier(Tier):
         with self._writer.hold():
             self._dbs = self._open_dbs(record)
         if record is not None:
-            txnid, entries, manifests = self._state()
+            txnid, entries, manifests = self._read(self._state)
             self.damage = compare(record, txnid, entries, manifests)
         if self.damage and not allow_damaged:
             raise StoreIntegrityError(f"store {self.path} does not match its commit record: "

@@ -164,8 +164,8 @@ def test_case10_an_interrupted_pull_leaves_no_manifest_and_a_second_pull_complet
 
     def dies_after_one_batch(self, keys):
         calls.append(len(keys))
-        if len(calls) == 2:
-            redis_server.kill()  # the server goes away half-way through the transfer
+        if len(calls) == 3:  # the last page (checked first), one batch committed: the server goes away
+            redis_server.kill()
         return fetch(self, keys)
 
     monkeypatch.setattr(remote_tier.RemoteTier, "fetch", dies_after_one_batch)

@@ -272,7 +272,8 @@ def summary_lines(result: Result) -> list[str]:
                     for i in result.items if i["check"] == "hash"})
     out.append(f"hash-equal: {h}/{hn} ({', '.join(names[:6])}{'…' if len(names) > 6 else ''})")
     out.append(f"relation-only: {r}/{rn} hold" + (f" ({_relation_names(result)})" if rn else ""))
-    out.append(f"claims: {c}/{cn} hold (checked against the report's own rows and the re-run's)")
+    out.append(f"claims: {c}/{cn} hold (checked against the report's own rows and the re-run's)" if cn else
+               "claims: none that can be checked (the recipe states no claims beside its outputs)")
     ds = [i for i in result.items if i["check"] == "domain-specific"]
     if ds:
         same = sum(i["rerun"] == i["committed"] for i in ds)

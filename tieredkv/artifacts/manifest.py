@@ -84,26 +84,48 @@ def verify_artifact(art: Artifact, bad=None) -> str:
     return page_fp
 
 
+class ChainWalker:
+    """Checks pages of `art` fed in order: parent, position, fingerprint, and the token count at the end."""
+
+    def __init__(self, art: Artifact) -> None:
+        self.art = art
+        self.page_fp = verify_artifact(art)
+        self.parent, self.pos, self.index = ROOT_KEY, 0, 0
+
+    def step(self, page: Page) -> None:
+        art, key = self.art, self.art.page_keys[self.index]
+        if page.key != key or page.parent_key != self.parent or page.start != self.pos or \
+                page.fingerprint != self.page_fp:
+            raise CorruptPageError(key, f"breaks the chain of artifact {art.artifact_id} (parent, position or "
+                                        f"fingerprint differs)")
+        self.parent, self.pos, self.index = key, self.pos + page.num_tokens, self.index + 1
+        if self.index == len(art.page_keys) and self.pos != art.num_tokens:
+            raise CorruptPageError(key, f"artifact {art.artifact_id} pages hold {self.pos} tokens, manifest says "
+                                        f"{art.num_tokens}")
+
+
+def check_root(art: Artifact, root: Page) -> None:
+    """The manifest's token count and schedule against the page that ends it (before any other page is read)."""
+    start = (len(art.page_keys) - 1) * art.page_size
+    if root.key != art.root_sha256 or root.start != start or root.start + root.num_tokens != art.num_tokens:
+        raise CorruptPageError(root.key, f"artifact {art.artifact_id}: its last page covers [{root.start}, "
+                                         f"{root.start + root.num_tokens}), the manifest says [{start}, "
+                                         f"{art.num_tokens})")
+
+
 def iter_pages(store: PageStore, art: Artifact, *, local_only: bool = False) -> Iterator[Page]:
     """Every page of `art` in order, SHA-256-verified by the store, with the hash chain checked.
 
     `local_only` reads LMDB itself (not the host copy): what a reader of the disk would get.
     """
-    page_fp = verify_artifact(art)
-    parent, pos = ROOT_KEY, 0
+    walker = ChainWalker(art)
     for key in art.page_keys:
         page = store.lmdb_tier.get(key) if local_only else store.get(key)  # raises CorruptPageError
         if page is None:
             raise StoreIntegrityError(f"page {key} of artifact {art.artifact_id} is not in {store.path} after it "
                                       f"was written; the store lost a committed write — run `tieredkv check`")
-        if page.parent_key != parent or page.start != pos or page.fingerprint != page_fp:
-            raise CorruptPageError(key, f"breaks the chain of artifact {art.artifact_id} (parent, position or "
-                                        f"fingerprint differs)")
+        walker.step(page)
         yield page
-        parent, pos = key, pos + page.num_tokens
-    if pos != art.num_tokens:
-        raise CorruptPageError(art.root_sha256, f"artifact {art.artifact_id} pages hold {pos} tokens, manifest "
-                                                f"says {art.num_tokens}")
 
 
 def read_back(store: PageStore, art: Artifact) -> None:

@@ -154,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. NOTE: the one error boundary of the CLI: whatever fails, the user gets one line
     on stderr and exit status 2 (set TIEREDKV_DEBUG=1 to see the traceback of an unexpected error)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # usage error (one line, already printed) or --help: its status, as a return value
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.fn(args)
     except KeyboardInterrupt:

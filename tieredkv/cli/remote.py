@@ -90,7 +90,7 @@ def cmd_push(a) -> int:
 
 def cmd_pull(a) -> int:
     from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META
-    from tieredkv.artifacts.manifest import parse_manifest, read_back
+    from tieredkv.artifacts.manifest import ChainWalker, check_root, iter_pages, parse_manifest, read_back
     from tieredkv.cli.common import open_store
     from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError
 
@@ -110,27 +110,25 @@ def cmd_pull(a) -> int:
             bound = store.get_meta(STORE_FINGERPRINT_META)
             if bound is not None and bound != art.fingerprint:
                 raise ModelMismatchError(f"store {a.store}", bound, art.fingerprint)
-            need = [k for k in dict.fromkeys(art.page_keys) if not store.lmdb_tier.contains(k)]
-            arrived = 0
-            # NOTE: pages first, verified as they arrive; the manifest last: an interrupted pull leaves
-            # verified pages and no visible artifact, and the next pull fetches only what is missing
-            for i in range(0, len(need), tier.config.batch_pages):
-                batch = need[i:i + tier.config.batch_pages]
-                pages, corrupt = tier.fetch(batch)
-                if corrupt:
-                    raise next(iter(corrupt.values()))
-                lost = [k for k, p in zip(batch, pages) if p is None]
-                if lost:
-                    raise PageNotFoundError(f"page {lost[0]} of artifact {art.artifact_id} is not on "
-                                            f"{tier.config.safe_url} ({len(lost)} missing in this batch; evicted "
-                                            "or never pushed): nothing of the artifact was made visible — "
-                                            "push it again from a store that holds it")
-                store.put_many(pages)  # one transaction per batch: a second pull resumes after it
-                arrived += len(pages)
+            # NOTE: the page that ends the artifact first (the manifest's token count against it), then every
+            # page in order, verified and chained before its batch is committed; the manifest last. Nothing is
+            # written for a manifest that does not hold, an interrupted pull leaves verified pages and no
+            # visible artifact, and the next pull fetches only what is missing.
+            check_root(art, _fetch(tier, store, art, [art.root_sha256])[0][0])
+            walker, arrived = ChainWalker(art), 0
+            for i in range(0, len(art.page_keys), tier.config.batch_pages):
+                pages, fetched = _fetch(tier, store, art, list(art.page_keys[i:i + tier.config.batch_pages]))
+                for page in pages:
+                    walker.step(page)
+                if fetched:
+                    store.put_many(fetched)  # one transaction per batch: a second pull resumes after it
+                    arrived += len(fetched)
             if bound is None:
                 store.set_meta(STORE_FINGERPRINT_META, art.fingerprint)
+            for _ in iter_pages(store, art, local_only=True):  # every page in LMDB, verified and chained
+                pass
             store.keep_manifest(art.artifact_id, data)
-            read_back(store, art)  # every page local, verified and chained, the manifest too
+            read_back(store, art)
             remote = dict(tier.counters)
     finally:
         tier.close()
@@ -138,6 +136,22 @@ def cmd_pull(a) -> int:
                 "bytes_pulled": remote["bytes_got"], "corrupt_detected": remote["corrupt_detected"],
                 "store": a.store, "seconds": round(time.perf_counter() - t, 3)})
     return 0
+
+
+def _fetch(tier, store, art, keys: list[str]):
+    """(pages of `keys` in order, the ones that came from the server): local copies are used as they are."""
+    local = {k: store.lmdb_tier.get(k) for k in keys}
+    need = [k for k in keys if local[k] is None]
+    pages, corrupt = tier.fetch(need) if need else ([], {})
+    if corrupt:
+        raise next(iter(corrupt.values()))
+    lost = [k for k, p in zip(need, pages) if p is None]
+    if lost:
+        raise PageNotFoundError(f"page {lost[0]} of artifact {art.artifact_id} is not on {tier.config.safe_url} "
+                                f"({len(lost)} missing in this batch; evicted or never pushed): nothing of the "
+                                "artifact was made visible — push it again from a store that holds it")
+    got = dict(zip(need, pages))
+    return [local[k] or got[k] for k in keys], pages
 
 
 def register(sub) -> None:
