@@ -17,7 +17,8 @@ import pytest
 
 from paging import PageStore, StoreConfig
 from testkit.redis_server import redis_server  # noqa: F401  (fixture)
-from tests.test_trust_store import ENV, REPO, cli_many
+from testkit.trust_faults import ENV, bad_cli_inputs, cli_many
+from tests.test_trust_store import REPO
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.portable import ArtifactWriteError, export_artifact
 from tieredkv.corpus import python_reference
@@ -91,62 +92,8 @@ def test_case5_export_to_stdout_and_over_a_regular_file(store_with_artifact, tmp
 # -- case 11 ------------------------------------------------------------------------------------------
 def test_case11_every_bad_input_is_one_line_exit_2(store_with_artifact, tmp_path):
     store, art = store_with_artifact
-    binary = tmp_path / "binary.bin"
-    binary.write_bytes(b"\x00\x01\x02 not text")
-    latin = tmp_path / "latin1.txt"
-    latin.write_bytes("caf\xe9".encode("latin-1"))
-    no_config = tmp_path / "empty-model"
-    no_config.mkdir()
-    no_tokenizer = tmp_path / "model-without-tokenizer"
-    from tieredkv.models import load_model
-
-    load_model("tiny-llama").model.save_pretrained(no_tokenizer)
-    a_file = tmp_path / "plain-file"
-    a_file.write_text("x")
-    a_list = tmp_path / "list.json"
-    a_list.write_text("[1, 2]")
+    cases = bad_cli_inputs(tmp_path, store, art.artifact_id)
     missing = tmp_path / "mistyped-store"
-    dep = ["deposit", "--model", "tiny-llama", "--store", str(tmp_path / "new"), "--quiet"]
-    qa = ["qa", "--model", "tiny-llama", "--store", str(tmp_path / "qa"), "--quiet"]
-    cases = {
-        "binary FILE": (dep + [str(binary)], "InputError", "is binary"),
-        "non-UTF-8 FILE": (dep + [str(latin)], "InputError", "not UTF-8"),
-        "directory FILE": (dep + [str(tmp_path)], "InputError", "is a directory"),
-        "binary --doc": (qa + ["--doc", str(binary)], "InputError", "is binary"),
-        "directory --doc": (qa + ["--doc", str(tmp_path)], "InputError", "is a directory"),
-        "--page-size -1": (dep + ["--text", "hi", "--page-size", "-1"], "tieredkv deposit", ">= 1"),
-        "--page-size 0": (dep + ["--text", "hi", "--page-size", "0"], "tieredkv deposit", ">= 1"),
-        "--max-new-tokens -1": (["graft", "--model", "tiny-llama", "--store", str(store), "--artifact",
-                                 art.artifact_id, "--prompt", "x", "--max-new-tokens", "-1"], "tieredkv graft", ">= 1"),
-        "verify --samples 0": (["verify", "--model", "tiny-llama", "--samples", "0"], "tieredkv verify", ">= 1"),
-        "qa --local-pages 0": (qa + ["--local-pages", "0"], "tieredkv qa", ">= 1"),
-        "qa --topk-pages 0": (qa + ["--topk-pages", "0"], "tieredkv qa", ">= 1"),
-        "qa --show-pages 0": (qa + ["--show-pages", "0"], "tieredkv qa", ">= 1"),
-        "model dir without config": (dep[:1] + ["--model", str(no_config)] + dep[3:] + ["--text", "hi"],
-                                     "ModelNotFoundError", "no config.json"),
-        "model dir without tokenizer": (dep[:1] + ["--model", str(no_tokenizer)] + dep[3:] + ["--text", "hi"],
-                                        "ModelNotFoundError", "tokenizer"),
-        "--store is a file": (["deposit", "--model", "tiny-llama", "--store", str(a_file), "--text", "hi",
-                               "--quiet"], "PagingError", "cannot open store"),
-        "--store under a file": (["deposit", "--model", "tiny-llama", "--store", str(a_file / "s"), "--text",
-                                  "hi", "--quiet"], "PagingError", "cannot open store"),
-        "remote port 99999": (["remote", "ping", "--remote", "redis://127.0.0.1:99999/0"], "PagingError",
-                              "a port is 1-65535"),
-        "unknown URL parameter": (["remote", "ping", "--remote", "redis://127.0.0.1:6379/0?colour=blue"],
-                                  "PagingError", "unknown remote URL parameter 'colour'"),
-        "recheck a JSON list": (["recheck", str(a_list)], "RecheckError", "not a report object"),
-        "recheck a directory": (["recheck", str(tmp_path)], "RecheckError", "is a directory"),
-        "import a directory": (["import", str(tmp_path), "--store", str(tmp_path / "imp")], "InputError",
-                               "is a directory"),
-        "check a mistyped path": (["check", "--store", str(missing)], "InputError", "does not exist"),
-        "stats a mistyped path": (["stats", "--store", str(missing)], "InputError", "does not exist"),
-        "push a mistyped path": (["remote", "push", "--store", str(missing), "--remote",
-                                  "redis://127.0.0.1:1/0?retries=0&connect_timeout=0.2"], "RemoteUnavailableError",
-                                 "unreachable"),
-        "graft past the window": (["graft", "--model", "tiny-llama", "--store", str(store), "--artifact",
-                                   art.artifact_id, "--prompt", "x", "--max-new-tokens", "100000"], "InputError",
-                                  "run past the model's window"),
-    }
     results = cli_many(*[argv for argv, _, _ in cases.values()])
     for (name, (argv, error, words)), result in zip(cases.items(), results):
         start = f"{error}: error: " if error.startswith("tieredkv ") else f"tieredkv: error: {error}: "

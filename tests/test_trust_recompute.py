@@ -6,41 +6,20 @@ id and root and grafts to other K/V. Spot re-computation (`import --verify-recom
 """
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 import torch
 
-from paging import Page, PageStore, StoreConfig
-from tests.test_trust_store import cli_many
+from paging import PageStore, StoreConfig
+from testkit.trust_faults import cli_many, forge_file
 from tieredkv.artifacts.artifact import deposit, graft
-from tieredkv.artifacts.file_format import encode_header
 from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header
 from tieredkv.artifacts.recompute import Recomputer, RecomputeMismatchError, sample_pages
 from tieredkv.corpus import python_reference
 
 PAGE = 8
 FORGED_PAGE = 5
-
-
-def _forge(genuine, forged_path, page_index: int) -> None:
-    """Change one page's K/V by one ulp-sized step and recompute every hash the file has."""
-    raw = genuine.read_bytes()
-    header = read_header(genuine)
-    base = header.data_offset
-    tokens = raw[base + header.token_ids.begin:base + header.token_ids.end]
-    blobs = [raw[base + s.begin:base + s.end] for s in header.pages]
-    page = Page.from_bytes(blobs[page_index])
-    k, v = page.kv()
-    k = [x.clone() for x in k]
-    k[0][0, 0, 0] += 1e-3  # one number in layer 0, head 0, token 0
-    forged = Page.seal(page.layout, page.fingerprint, page.parent_key, page.start, page.token_ids, k, v)
-    assert forged.key == page.key  # the key hashes the chain and the tokens, not the K/V
-    blobs[page_index] = forged.to_bytes()
-    sections = [(len(b), hashlib.sha256(b).hexdigest()) for b in blobs]
-    forged_path.write_bytes(encode_header(header.artifact, hashlib.sha256(tokens).hexdigest(), sections) + tokens
-                            + b"".join(blobs))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +29,7 @@ def files(tmp_path_factory, tiny_model):
     with PageStore(root / "s", StoreConfig()) as s:
         art = deposit(lm, python_reference()[:160], s, page_size=PAGE)
         export_artifact(s, art.artifact_id, root / "genuine.tkva")
-    _forge(root / "genuine.tkva", root / "forged.tkva", FORGED_PAGE)
+    forge_file(root / "genuine.tkva", root / "forged.tkva", FORGED_PAGE)
     return lm, art, root
 
 

@@ -21,40 +21,17 @@ import pytest
 
 from paging import LMDBTier, PageStore, StoreConfig
 from paging.errors import StoreLockError
+from testkit.trust_faults import ENV, cli_many
 from tieredkv.artifacts.artifact import deposit, graft
 from tieredkv.artifacts.check import check_store
 from tieredkv.corpus import python_reference
 
-ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 REPO = Path(__file__).resolve().parents[1]
 PAGE = 8
 
 
 def _text(offset: int, n: int = 200) -> str:
     return python_reference().encode("ascii", "ignore").decode()[offset:offset + n]
-
-
-def cli_many(*commands: list[str], timeout: int = 240) -> list[dict]:
-    """Run each `tieredkv` command with the real CLI entry point in one child process; per command its exit
-    status, stdout and stderr. A child killed by a signal fails the test with the signal."""
-    code = textwrap.dedent("""
-        import contextlib, io, json, sys
-        from tieredkv.cli.main import main
-        out = []
-        for argv in json.loads(sys.argv[1]):
-            o, e = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-                try:
-                    rc = main(argv)
-                except SystemExit as exc:
-                    rc = exc.code
-            out.append({"argv": argv, "rc": rc, "out": o.getvalue(), "err": e.getvalue()})
-        print(json.dumps(out))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(commands))], capture_output=True, text=True,
-                          env=ENV, cwd=REPO, timeout=timeout)
-    assert proc.returncode == 0, f"child ended with {proc.returncode}: {proc.stderr[-2000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _one_line(result: dict, error: str) -> None:
