@@ -36,14 +36,17 @@ import torch  # noqa: E402
 
 from common import environment, markdown_table, write_report  # noqa: E402
 from testkit import faults as fc  # noqa: E402
+from testkit import trust_faults as tf  # noqa: E402
 
 TYPED = {"ArtifactFormatError", "ArtifactTruncatedError", "ArtifactVersionError", "ArtifactIntegrityError"}
 FULL = dict(deposit_kills=120, export_kills=60, payload_flips=2000, lmdb_flips=300, data_truncations=500,
             fsize_limits=4, concurrency_rounds=3, stale_readers=5, index_rounds=2, mutation_seconds=60,
-            random_files=3000)
+            random_files=3000, store_truncations=30, lock_rounds=3, key_damages=30, forgery_seeds=5,
+            meta_flip_step=1)
 QUICK = dict(deposit_kills=6, export_kills=4, payload_flips=50, lmdb_flips=10, data_truncations=20,
              fsize_limits=1, concurrency_rounds=1, stale_readers=1, index_rounds=1, mutation_seconds=3,
-             random_files=100)
+             random_files=100, store_truncations=3, lock_rounds=1, key_damages=3, forgery_seeds=1,
+             meta_flip_step=8)
 
 
 def parse_args() -> argparse.Namespace:
@@ -53,6 +56,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--doc", help="markdown (default docs/RELIABILITY.md; with --quick a temp file)")
     p.add_argument("--render-only", action="store_true", help="only re-render --doc from --out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", help="comma-separated step names to run (a partial run; its JSON says so)")
     a = p.parse_args()
     scratch = Path(tempfile.gettempdir())
     a.out = a.out or str(scratch / "fault_suite.quick.json" if a.quick else REPO / "bench" / "results" / "fault_suite.json")
@@ -450,6 +454,242 @@ def fuzz(world: World, seconds: float, n_random: int, rng: random.Random) -> dic
 
 
 # ----------------------------------------------------------------------------- report
+# ----------------------------------------------------------------------------- trust (issue 16)
+def _outcomes(results: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results:
+        key = r["outcome"] if r["outcome"] != "detected" else f"detected ({r.get('error')})"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _outcome_row(fault: str, results: list[dict[str, Any]], notes: str, **details) -> dict[str, Any]:
+    ok = sum(r["outcome"] in ("survived", "detected") for r in results)
+    counts = _outcomes(results)
+    text = ", ".join(f"{k} {v}" for k, v in counts.items())
+    return row(fault, len(results), ok, sum(r["outcome"] == "lost" for r in results), f"{notes}; {text}",
+               outcomes=counts, **details)
+
+
+def meta_flips(world: World, step: int) -> dict[str, Any]:
+    """Every bit of the fields of the current meta page that locate the trees (free and main roots and records,
+    last page, transaction id): LMDB trusts them without a checksum."""
+    from paging import PageStore
+
+    template = world.root / "meta-template"
+    shutil.copytree(world.template, template)
+    with PageStore(template, fc.store_config()) as s:  # a second commit after the first
+        s.set_meta("meta-flip", "1")
+    expected = tf.artifact_roots(template)
+    off = tf.current_meta_offset(template)
+    work = world.root / "meta-work"
+    results = [tf.damaged_store_run(world.runner, template, work,
+                                    lambda w, b=byte, i=bit: tf.flip_byte_bit(w / "data.mdb", off + b, i), expected)
+               for byte in range(80, tf.META_NBYTES, step) for bit in range(8)]
+    return _outcome_row("bit flip, LMDB meta page (every bit)", results,
+                        f"bytes 80..{tf.META_NBYTES - 1}{'' if step == 1 else f' (every {step}th)'} of the current meta page (the free tree's root, the main "
+                        "tree's record, last page, transaction id), opened, every artifact loaded and `check`ed "
+                        "in a child: refused, reported, or unchanged; never another snapshot called healthy")
+
+
+def store_truncations(world: World, n_random: int, rng: random.Random) -> dict[str, Any]:
+    expected = tf.artifact_roots(world.template)
+    size = (world.template / "data.mdb").stat().st_size
+    cuts = sorted(set(range(0, size, tf.PAGE)) | {rng.randrange(size) for _ in range(n_random)})
+    work = world.root / "trunc-work"
+    results = [tf.damaged_store_run(world.runner, world.template, work,
+                                    lambda w, c=cut: os.truncate(w / "data.mdb", c), expected) for cut in cuts]
+    return _outcome_row("data.mdb truncated", results,
+                        f"to every 4 KiB boundary below its {size:,} bytes and {n_random} random lengths; refused at "
+                        "open before the map is read (was SIGBUS, or 'an empty store' at 0 bytes)")
+
+
+def rollbacks(world: World) -> dict[str, Any]:
+    """An older copy of data.mdb put back, data.mdb deleted: the commit record names what is gone."""
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import deposit
+
+    base = world.root / "rollback-template"
+    snapshots = []
+    with PageStore(base, fc.store_config()) as s:
+        for seed in (201, 202, 203):
+            deposit(world.lm, fc.corpus_text(3 * fc.PAGE_SIZE, seed=seed), s, page_size=fc.PAGE_SIZE)
+            snapshots.append((base / "data.mdb").read_bytes())
+    expected = tf.artifact_roots(base)
+    work = world.root / "rollback-work"
+    damages = [lambda w, d=snap: (w / "data.mdb").write_bytes(d) for snap in snapshots[:-1]]
+    damages.append(lambda w: (w / "data.mdb").unlink())
+    damages.append(lambda w: (w / "data.mdb").write_bytes(b""))
+    results = [tf.damaged_store_run(world.runner, base, work, d, expected) for d in damages]
+    return _outcome_row("older data.mdb put back / deleted / emptied", results,
+                        "the copies after the first and second of three deposits, the file deleted, the file "
+                        "emptied; the commit record (last transaction, entry counts, artifact list) says so")
+
+
+def lock_deleted(world: World, rounds: int) -> dict[str, Any]:
+    work = world.root / "lock-work"
+    results = [tf.lock_deleted_run(world.runner, world.lm, world.template, work,
+                                   (fc.corpus_text(12 * fc.PAGE_SIZE, seed=300 + i),
+                                    fc.corpus_text(6 * fc.PAGE_SIZE, seed=400 + i))) for i in range(rounds)]
+    return row("lock.mdb deleted during a deposit", rounds, sum(r["ok"] for r in results),
+               sum(r["lost"] for r in results),
+               "a deposit paused half-way, lock.mdb deleted, a second deposit run to the end, the first resumed: "
+               f"the first stopped with StoreLockError {sum(r['first'].get('error') == 'StoreLockError' for r in results)}"
+               f"x, the store healthy with the second artifact complete {sum(r['healthy'] for r in results)}x "
+               "(was: both 'succeeded', one artifact gone)", runs=results)
+
+
+def damaged_keys(world: World, n: int, rng: random.Random) -> dict[str, Any]:
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import load_artifact
+
+    with PageStore(world.template, fc.store_config()) as s:
+        art = load_artifact(s, world.base_ids[0])
+    keys = [k.encode() for k in art.page_keys] + [art.artifact_id.encode()]
+    work = world.root / "key-work"
+    results = []
+    for _ in range(n):
+        key = rng.choice(keys)
+
+        def damage(w: Path, key=key, pos=rng.randrange(len(key)), value=rng.randrange(0x80, 0x100)) -> None:
+            data = bytearray((w / "data.mdb").read_bytes())
+            for i in tf.key_offsets(bytes(data), key):
+                data[i + pos] = value
+            (w / "data.mdb").write_bytes(bytes(data))
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(world.template, work)
+        damage(work)
+        results.append(tf.call(world.runner, tf.damaged_key_target, (str(work),)))
+    shutil.rmtree(work, ignore_errors=True)
+    return _outcome_row("damaged byte in a stored key", results,
+                        "a page key or the artifact id, one byte set to a non-ASCII value where LMDB keeps it as a "
+                        "key; `check` twice in a child: reported both times (was: UnicodeDecodeError every time)")
+
+
+def tampered_manifests(world: World) -> dict[str, Any]:
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import deposit
+
+    store = world.root / "manifest-store"
+    with PageStore(store, fc.store_config()) as s:
+        a = deposit(world.lm, fc.corpus_text(6 * fc.PAGE_SIZE, seed=501), s, page_size=fc.PAGE_SIZE)
+        b = deposit(world.lm, fc.corpus_text(6 * fc.PAGE_SIZE, seed=502), s, page_size=fc.PAGE_SIZE)
+    cases = tf.tampered_manifests(a, b)
+    results = [{"case": name, **tf.manifest_run(world.lm, store, stored_as, data)}
+               for name, (stored_as, data) in cases.items()]
+    remote = _remote_tampering(world, store, a, b, cases)
+    ok = sum(r["detected"] for r in results) + sum(r["detected"] for r in remote)
+    return row("tampered manifest (LMDB, remote)", len(results) + len(remote), ok,
+               len(results) + len(remote) - ok,
+               f"{len(results)} in LMDB (another document's renamed, cut to 1..{len(a.page_keys) - 1} pages, other "
+               "id, edited domain or tokens, reversed pages, not canonical, not JSON): graft and export refuse, "
+               f"check reports; {len(remote)} on a real redis-server, through `remote pull`: refused before a "
+               "byte is written" + ("" if remote else " (no redis-server here: remote cases not run)"),
+               cases=results, remote=remote)
+
+
+def _remote_tampering(world: World, store: Path, a, b, cases) -> list[dict[str, Any]]:
+    from paging.framing import seal_value
+    from testkit.redis_server import RedisServer, server_binary
+
+    if server_binary() is None:
+        return []
+    import redis
+
+    out = []
+    with RedisServer(world.root / "redis") as server:
+        (push,) = tf.cli_many(["remote", "push", "--store", str(store), "--remote", server.url])
+        assert push["rc"] == 0, push
+        client = redis.Redis.from_url(server.url)
+        genuine = client.get(f"tkv:v1:m:{a.artifact_id}")
+        names = [n for n, (stored_as, _) in cases.items() if stored_as == a.artifact_id]
+        for name in names:
+            client.set(f"tkv:v1:m:{a.artifact_id}", seal_value(cases[name][1]))
+            pulled = world.root / "pulled"
+            shutil.rmtree(pulled, ignore_errors=True)
+            res = _cli_here(["remote", "pull", "--store", str(pulled), "--remote", server.url, "--artifact",
+                             a.artifact_id])
+            nothing = not pulled.exists() or tf.artifact_roots(pulled) == {} and _num_pages(pulled) == 0
+            out.append({"case": name, "detected": tf.is_one_line_error(res) and nothing,
+                        "line": res["err"].strip()[:200]})
+        client.set(f"tkv:v1:m:{a.artifact_id}", genuine)
+    return out
+
+
+def _cli_here(argv: list[str]) -> dict[str, Any]:
+    """One `tieredkv` command through the real entry point, in this process (its output captured)."""
+    import contextlib
+    import io
+
+    from tieredkv.cli.main import main as cli_main
+
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        try:
+            rc = cli_main(argv)
+        except SystemExit as exc:
+            rc = exc.code
+    return {"argv": argv, "rc": rc, "out": o.getvalue(), "err": e.getvalue()}
+
+
+def _num_pages(path: Path) -> int:
+    from paging import PageStore
+
+    with PageStore(path, fc.store_config()) as s:
+        return s.lmdb_tier.num_pages
+
+
+def forgeries(world: World, seeds: int) -> dict[str, Any]:
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import load_artifact
+    from tieredkv.artifacts.recompute import sample_pages
+
+    with PageStore(world.small_store, fc.store_config()) as s:
+        num_pages = len(load_artifact(s, world.small_id).page_keys)
+    genuine, forged, store = world.root / "small.tkva", world.root / "forged.tkva", world.root / "forged-store"
+    full, partial = [], []
+    for i in range(num_pages):
+        tf.forge_file(genuine, forged, i, lm=world.lm)  # consistent: every later page recomputed on top of it
+        full.append(tf.forged_import_run(world.lm, forged, store, 1.0, 0))
+        partial += [{**tf.forged_import_run(world.lm, forged, store, 0.25, seed), "page": i,
+                     "sampled": i in sample_pages(num_pages, 0.25, seed)} for seed in range(seeds)]
+    caught = sum(r["caught"] and r["written_when_caught"] == 0 for r in full)
+    p_caught = sum(r["caught"] for r in partial)
+    as_sampled = sum(r["caught"] == r["sampled"] for r in partial)
+    p_frac = sum(r["fraction_recomputed"] for r in partial) / len(partial)
+    return row("forged page K/V (every hash recomputed)", len(full), caught, len(full) - caught,
+               f"one number changed in page i (each of the {num_pages}) and every later page recomputed on top of "
+               f"it, every hash and the header recomputed: the id and root do not move, so hashes pass; `import "
+               f"--verify-recompute 1` refused {caught}/{len(full)} before writing. At 0.25 ({seeds} seeds per page, "
+               f"{p_frac:.0%} of pages recomputed on average) {p_caught}/{len(partial)} were caught, exactly those "
+               f"whose forged page was in the sample ({as_sampled}/{len(partial)} as predicted; not counted above)",
+               partial_caught=p_caught, partial_tries=len(partial), partial_fraction=p_frac,
+               partial_as_predicted=as_sampled)
+
+
+def export_targets(world: World) -> dict[str, Any]:
+    targets = tf.special_targets(world.root / "export-targets")
+    kinds = {name: tf.node_kind(path) for name, path in targets.items()}
+    results = tf.cli_many(*[["export", "--store", str(world.small_store), "--artifact", world.small_id, "-o",
+                             str(path), "--quiet"] for path in targets.values()])
+    ok = [tf.is_one_line_error(r) and tf.node_kind(p) == kinds[n] for (n, p), r in zip(targets.items(), results)]
+    return row("export onto a FIFO / symlink / directory / device", len(ok), sum(ok), len(ok) - sum(ok),
+               f"{', '.join(targets)}: refused with one line, the node left as it was (was: replaced by the file)")
+
+
+def bad_cli_input(world: World) -> dict[str, Any]:
+    root = world.root / "bad-input"
+    root.mkdir()
+    cases = tf.bad_cli_inputs(root, world.small_store, world.small_id)
+    results = tf.cli_many(*[argv for argv, _, _ in cases.values()])
+    ok = [tf.is_one_line_error(r) and words in r["err"] for (argv, _, words), r in zip(cases.values(), results)]
+    return row("bad command-line input", len(ok), sum(ok), 0,
+               "binary / non-UTF-8 / directory files, zero and negative numbers, model directories without "
+               "config or tokenizer, a store path that is a file or mistyped, bad remote URLs, recheck of a list "
+               "or a directory, a window overrun: one line, exit 2 each (was: tracebacks, or an empty store)",
+               cases=[n for n, good in zip(cases, ok) if not good])
+
+
 def render(report: dict[str, Any]) -> str:
     env, cfg = report["environment"], report["config"]
     rows = [{"fault": r["fault"], "tries": r["tries"], "ok": f"{r['ok']}/{r['tries']}", "lost": r["lost"],
@@ -502,6 +742,19 @@ allocated (peak Python memory of the refusal, measured with tracemalloc):
 - **Readers and a writer** are five `spawn` processes on one store; readers bypass the host
   cache so every read is a verified LMDB read.
 - **The faiss index** is damaged on disk, then the context is grafted again with TieredModel.
+- **The store on disk** (issue 16): bits of LMDB's current meta page are flipped, data.mdb is
+  truncated, put back from an older copy, deleted or emptied, and a byte of a stored key is damaged;
+  each copy is then opened, every artifact loaded and `check`ed in a forked child, so a SIGBUS or a
+  crash is counted, not fatal. The commit record (`tieredkv.commit`, see docs/TRUST.md) is what
+  tells an older snapshot from the committed one. **lock.mdb** is deleted while a deposit is paused
+  half-way and a second deposit runs; the first must stop with StoreLockError.
+- **Manifests** are tampered with in LMDB (graft, export, check) and on a real redis-server (`remote
+  pull`); **forged artifacts** have one number of one page changed, every later page recomputed on
+  top of it and every hash recomputed, then go through `import --verify-recompute`.
+- **Export targets and command-line input** go through the real CLI entry point in a fresh
+  interpreter: every failure must be one line on stderr with exit status 2.
+
+See docs/TRUST.md for what each of these guards and how `tieredkv recheck` treats another machine.
 """
 
 
@@ -531,7 +784,19 @@ def main() -> int:
             ("stale readers", lambda: stale_readers(world, counts["stale_readers"])),
             ("faiss index", lambda: faiss_index(world, counts["index_rounds"])),
             ("fuzz", lambda: fuzz(world, counts["mutation_seconds"], counts["random_files"], rng)),
+            ("meta flips", lambda: meta_flips(world, counts["meta_flip_step"])),
+            ("store truncations", lambda: store_truncations(world, counts["store_truncations"], rng)),
+            ("rollbacks", lambda: rollbacks(world)),
+            ("lock deleted", lambda: lock_deleted(world, counts["lock_rounds"])),
+            ("damaged keys", lambda: damaged_keys(world, counts["key_damages"], rng)),
+            ("tampered manifests", lambda: tampered_manifests(world)),
+            ("forgeries", lambda: forgeries(world, counts["forgery_seeds"])),
+            ("export targets", lambda: export_targets(world)),
+            ("bad input", lambda: bad_cli_input(world)),
         ]
+        if a.only:
+            wanted = {w.strip() for w in a.only.split(",")}
+            steps = [(n, f) for n, f in steps if n in wanted]
         rows: list[dict[str, Any]] = []
         for name, step in steps:
             t = time.monotonic()
@@ -542,7 +807,7 @@ def main() -> int:
                                                                                       else [out])))
     report = {"environment": environment(), "duration_s": time.monotonic() - t0,
               "config": {"model": fc.MODEL, "page_size": fc.PAGE_SIZE, "quick": a.quick, "seed": a.seed,
-                         "counts": counts},
+                         "counts": counts, "only": a.only},
               "rows": rows}
     write_report(a.out, report)
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)

@@ -152,6 +152,9 @@ def measured(meter: EnergyMeter, fn: Callable[[], Any]) -> tuple[Any, dict[str, 
     return out, {"cpu_s": c1 - c0, "wall_s": w1 - w0, "joules": joules}
 
 
+INPUT_OUTPUTS = ["kb_text"]  # outputs that hash inputs only: equal in any determinism domain
+
+
 def sha_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
@@ -179,6 +182,24 @@ def recall_logits_sha(lm, store, artifact_id: str) -> str:
     art = load_artifact(store, artifact_id)
     ids = grafted_token_ids(store, art)
     cache = graft(lm, art, store)
+    cache.crop(-1)
+    x = torch.tensor([ids[-1:]], device=lm.model.device)
+    pos = torch.tensor([[len(ids) - 1]], device=lm.model.device)
+    return sha256_tensor(lm.model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True).logits)
+
+
+@torch.inference_mode()
+def fresh_recall_logits_sha(lm, store, artifact_id: str) -> str:
+    """`recall_logits_sha` computed without the store: a fresh canonical prefill of the same ids. The
+    contract makes the two equal in any determinism domain (a relation `tieredkv recheck` checks anywhere)."""
+    from transformers import DynamicCache
+
+    from tieredkv.artifacts.artifact import prefill
+
+    art = load_artifact(store, artifact_id)
+    ids = grafted_token_ids(store, art)
+    cache = DynamicCache(config=lm.model.config)
+    prefill(lm, ids, cache, page_size=art.page_size)
     cache.crop(-1)
     x = torch.tensor([ids[-1:]], device=lm.model.device)
     pos = torch.tensor([[len(ids) - 1]], device=lm.model.device)
@@ -235,6 +256,7 @@ def run(args) -> dict[str, Any]:
             log(f"flywheel {p!r}: {r.answer!r} verified={r.accepted} deposited={r.deposited}")
         # 4. recurring problems: 4 respelled library questions, up to 2 held-out questions the flywheel
         # deposited, and the arithmetic problems: bare model vs the grafted entry
+        fresh_recall: list[str] = []  # the same logits without the store (a relation, not timed)
         rng = random.Random(task["respell_seed"])
         deposited = [r["problem"] for r in rows["flywheel"] if r["from"] == "held-out"][:2]
         task["recurring"] += [rng.choice(RESPELL)(q) for q in deposited] + task["arith"]
@@ -245,6 +267,7 @@ def run(args) -> dict[str, Any]:
             assert r.route == "recurring", f"{p!r} should be recurring"
             rows["recurring"].append({"problem": p, "base": _row(b, mb), "cached": _row(r, mr),
                                       "recall_logits_sha256": recall_logits_sha(lm, store, r.artifact_id)})
+            fresh_recall.append(fresh_recall_logits_sha(lm, store, r.artifact_id))
             log(f"recurring {p!r}: base {b.decode_tokens} tok {mb['cpu_s']:.2f} cpu-s | cached "
                 f"{r.decode_tokens} tok {mr['cpu_s']:.2f} cpu-s")
         library_version, library_size = lib.version, len(lib)
@@ -263,7 +286,12 @@ def run(args) -> dict[str, Any]:
                              + [[r["base"]["accepted"], r["cached"]["accepted"]] for r in rows["recurring"]]
                              + [[r["accepted"]] for r in rows["flywheel"]]),
     }
+    # What holds in any determinism domain: the inputs hash the same, and a grafted library entry gives
+    # the logits of a fresh prefill of the same tokens (the other outputs are domain-specific).
+    relations = {"recurring_recall_graft_equals_fresh":
+                 [r["recall_logits_sha256"] for r in rows["recurring"]] == fresh_recall}
     return {"lm": lm, "domain": domain, "task": task, "verifier": verifier, "meter": meter, "rows": rows,
+            "relations": relations, "inputs": INPUT_OUTPUTS,
             "context": context, "outputs": outputs, "library_version": library_version,
             "library_size": library_size}
 
@@ -350,7 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "library_demo.json"))
     ap.add_argument("--json", action="store_true", help="also print the report JSON")
     ap.add_argument("--recheck-only", action="store_true",
-                    help="run the hashed computation and print {outputs, domain} (for `tieredkv recheck`)")
+                    help="run the hashed computation and print {outputs, domain, inputs, relations} (for "
+                         "`tieredkv recheck`)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     if args.recheck_only:
@@ -358,7 +387,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     res = run(args)
     if args.recheck_only:
-        print(json.dumps({"outputs": res["outputs"], "domain": res["domain"]}, sort_keys=True))
+        print(json.dumps({"outputs": res["outputs"], "domain": res["domain"], "inputs": res["inputs"],
+                          "relations": res["relations"]}, sort_keys=True))
         return 0
     summary = summarize(res)
     meter: EnergyMeter = res["meter"]
@@ -385,7 +415,8 @@ def main(argv=None) -> int:
         "context": res["context"],
         "library": {"entries": res["library_size"], "version": res["library_version"]},
         "rows": res["rows"],
-        "recheck": {"argv": recheck_argv(args), "outputs": res["outputs"]},
+        "recheck": {"argv": recheck_argv(args), "outputs": res["outputs"], "inputs": res["inputs"],
+                    "relations": res["relations"]},
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     write_report(args.out, report, print_json=args.json)

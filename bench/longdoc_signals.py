@@ -18,7 +18,8 @@ import torch
 
 from tieredkv import attention
 from tieredkv.placement import PlacementPolicy, grouped_queries
-from tieredkv.reading import attention_votes, fuse, lexical_scores
+from tieredkv.reading import fuse, lexical_scores
+from tieredkv.reencode import attention_votes
 
 
 class _Queries(PlacementPolicy):
@@ -64,7 +65,8 @@ def _rank(order: list[int], answer_pages: list[int]) -> int | None:
     return min(hits) if hits else None
 
 
-def signal_ranks(tm, art, q_ids, null_ids, question: str, answer_pages: list[int]) -> dict:
+def signal_ranks(tm, art, q_ids, null_ids, question: str, answer_pages: list[int], *,
+                 allow_domain_mismatch: bool = False) -> dict:
     """Rank of the best answer page under each signal, among pages after the sink; `art` (the context
     of `tm`) is grafted afresh after each probe (a probe leaves the prompt's tokens in the cache)."""
     cache = tm.cache
@@ -72,9 +74,9 @@ def signal_ranks(tm, art, q_ids, null_ids, question: str, answer_pages: list[int
     votes = attention_votes(cache, q_ids)
     words = lexical_scores(cache, cands, question, tm.lm.codec)
     q_bound = bound_scores(tm, q_ids)
-    tm.graft(art)
+    tm.graft(art, allow_domain_mismatch=allow_domain_mismatch)
     null_bound = bound_scores(tm, null_ids)
-    tm.graft(art)
+    tm.graft(art, allow_domain_mismatch=allow_domain_mismatch)
     orders = {"votes": sorted((p for p in cands if votes.get(p)), key=lambda p: (-votes[p], p)),
               "lexical": sorted((p for p in cands if words.get(p)), key=lambda p: (-words[p], p)),
               "bound": sorted(cands, key=lambda p: (-q_bound[p], p)),

@@ -17,12 +17,12 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from .atomic_file import AtomicFile
 from .errors import IndexStaleError
 
 FORMAT = "tieredkv-page-index"
@@ -39,7 +39,8 @@ def write_index_file(path: str | os.PathLike, blobs: Sequence[np.ndarray],
     """Write ``blobs`` (uint8 arrays) to ``path``; ``meta``, sizes and sha256 to the sidecar."""
     path = Path(path)
     digest = hashlib.sha256()
-    with _atomic_writer(path) as f:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with AtomicFile(path) as f:
         for blob in blobs:
             data = np.ascontiguousarray(blob, dtype=np.uint8).tobytes()
             digest.update(data)
@@ -52,9 +53,8 @@ def write_index_file(path: str | os.PathLike, blobs: Sequence[np.ndarray],
         "blob_sizes": [int(b.size) for b in blobs],
         "sha256": digest.hexdigest(),
     }
-    with _atomic_writer(sidecar_path(path)) as f:
+    with AtomicFile(sidecar_path(path)) as f:
         f.write(json.dumps(sidecar, indent=1, sort_keys=True).encode())
-    _fsync_dir(path.parent)
 
 
 def read_index_file(path: str | os.PathLike) -> tuple[dict[str, Any], list[bytes]]:
@@ -107,40 +107,3 @@ def read_index_file(path: str | os.PathLike) -> tuple[dict[str, Any], list[bytes
 def _stale(path: Path, why: str) -> IndexStaleError:
     return IndexStaleError(f"page index at {path} is unusable: {why}; rebuild it from the page "
                            "store (new PageIndex, add() every stored page, save())")
-
-
-class _atomic_writer:
-    """``with _atomic_writer(p) as f``: write to a temp file next to ``p``, fsync, replace."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp",
-                                        dir=self.path.parent)
-        self.f = os.fdopen(fd, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self.f.flush()
-                os.fsync(self.f.fileno())
-            self.f.close()
-            if exc_type is None:
-                os.replace(self.tmp, self.path)
-        finally:
-            if os.path.exists(self.tmp):
-                os.unlink(self.tmp)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not supported on this platform
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

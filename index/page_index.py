@@ -290,12 +290,7 @@ class PageIndex:
             raise ValueError(f"R={r} summary vectors per page does not fit method "
                              f"{self.method!r} with num_repr={self.num_repr}; build summaries "
                              "with summarize() using the same method and num_repr")
-        if not np.issubdtype(s.dtype, np.floating):
-            raise ValueError(f"summaries must be floating point, got {s.dtype}")
-        s = np.ascontiguousarray(s, dtype=np.float32)
-        if not np.isfinite(s).all():
-            raise ValueError("summaries contain NaN or inf")
-        return s
+        return _finite_float32(s, "summaries")
 
     def _check_queries(self, layer: int, queries: np.ndarray) -> np.ndarray:
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) \
@@ -305,12 +300,7 @@ class PageIndex:
         if q.ndim != 3 or q.shape[0] != self.num_heads or q.shape[2] != self.dim or q.shape[1] < 1:
             raise ValueError(f"queries must be [H={self.num_heads}, Q>=1, D={self.dim}] (grouped "
                              f"by KV head), got {q.shape}")
-        if not np.issubdtype(q.dtype, np.floating):
-            raise ValueError(f"queries must be floating point, got {q.dtype}")
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        if not np.isfinite(q).all():
-            raise ValueError("queries contain NaN or inf")
-        return q
+        return _finite_float32(q, "queries")
 
 
 def _new_flat(dim: int) -> faiss.IndexIDMap:
@@ -352,3 +342,13 @@ def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
         if len(ids) == k:
             break
     return np.array(ids, dtype=np.int64), np.array(best, dtype=np.float32)
+
+
+def _finite_float32(a: np.ndarray, what: str) -> np.ndarray:
+    """`a` as contiguous float32, or ValueError if it is not floating point or holds NaN/inf."""
+    if not np.issubdtype(a.dtype, np.floating):
+        raise ValueError(f"{what} must be floating point, got {a.dtype}")
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{what} contain NaN or inf")
+    return a

@@ -50,3 +50,14 @@ class ManifestNotFoundError(PagingError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "manifest not found"
+
+
+class StoreIntegrityError(PagingError):
+    """The store on disk is not the store that was committed: data.mdb truncated, or LMDB opened
+    an older snapshot than its commit record says was written (a damaged meta page, a file
+    restored from an older copy). Nothing is served from it and nothing is written to it."""
+
+
+class StoreLockError(PagingError):
+    """data.mdb or lock.mdb was deleted or replaced while the store was open: LMDB's own locking
+    can no longer keep writers apart, so this process stops using the store."""

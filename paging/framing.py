@@ -7,11 +7,15 @@ Prefixed records (pages `TKVP`, artifact files `TKVA`):
 Checksummed values (manifests in LMDB and on the remote tier):
 
     | sha256(data) as 64 lowercase hex ascii | data |
+
+Headers and manifests are strict JSON (`strict_json`): no duplicate keys, no NaN or Infinity.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
+from typing import Any
 
 PREFIX = struct.Struct("<4sIQ")  # magic, version, header_len
 DIGEST_NBYTES = 64
@@ -45,3 +49,33 @@ def open_value(raw: bytes) -> bytes | None:
     if len(raw) < DIGEST_NBYTES or hashlib.sha256(data).hexdigest().encode("ascii") != digest:
         return None
     return bytes(data)
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The one byte form of a JSON value that hashes are taken over: sorted keys, no spaces, ASCII."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+
+
+def strict_json(raw: bytes | str) -> Any:
+    """json.loads that refuses duplicate keys and NaN/Infinity (ValueError, UnicodeDecodeError or
+    RecursionError): a header that two readers could read two ways is not a header."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = bytes(raw).decode("utf-8")
+    return json.loads(raw, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+
+
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON true must never pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError("duplicate keys in JSON")
+    return d
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} in JSON")

@@ -14,8 +14,10 @@ it ends; grow the map only with no transaction open (hence `_lock`); open after 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import re
 import shutil
 import threading
 from typing import Callable, Iterable, Iterator, TypeVar
@@ -23,9 +25,11 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import lmdb
 
 from .errors import (CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
-                     StoreFullError)
+                     StoreFullError, StoreIntegrityError)
+from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
 from .framing import body_len, open_value, seal_value
+from .store_lock import WriterLock
 from .tier import Tier
 
 T = TypeVar("T")
@@ -36,6 +40,30 @@ _FORMAT = b"__paging.format_version"
 _KEY_BATCH = 1024
 _MAX_WRITE_ATTEMPTS = 16
 _DISK_SLACK = 16 << 20  # free bytes under which an I/O error means "disk full"
+_MIN_DATA_NBYTES = 2 * 4096  # LMDB's two meta pages
+_RESTORE_HINT = ("restore the store from a backup, or re-import or re-deposit its artifacts into a new store; if "
+                 "this state is intended (an older backup put back on purpose), delete its tieredkv.commit "
+                 "file to accept it as it is")
+
+
+_PAGE_KEY = re.compile(rb"[0-9a-f]{64}")
+
+
+def _is_page_key(raw: bytes) -> bool:
+    return _PAGE_KEY.fullmatch(raw) is not None
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _key_text(raw: bytes) -> str:
+    """A stored key as text; bytes that are not UTF-8 (damaged) are shown as \\xNN escapes."""
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def _disk_free(path: str) -> int:
@@ -62,7 +90,14 @@ class LMDBTier(Tier):
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 1 << 30,
                  max_map_size: int | None = None, readonly: bool = False,
-                 readahead: bool = True) -> None:
+                 readahead: bool = True, allow_damaged: bool = False) -> None:
+        """Open (or create) the store at `path`.
+
+        Refused with StoreIntegrityError: a data.mdb shorter than its committed pages (it was
+        truncated; reading it would SIGBUS), or contents that do not match the commit record
+        (commit_record.py). With `allow_damaged=True` (for `check`) a store that does not match its
+        record opens read-only in effect: `damage` says what is wrong and every write is refused.
+        """
         if map_size <= 0 or (max_map_size is not None and max_map_size < map_size):
             raise PagingError(f"need 0 < map_size <= max_map_size, got {map_size}, "
                               f"{max_map_size}")
@@ -72,6 +107,8 @@ class LMDBTier(Tier):
         self.verified_reads = 0
         self.corrupt_detected = 0
         self.quarantined = 0
+        self.damage: list[str] = []
+        self.record_note: str | None = None
         self._lock = threading.RLock()
         self._pid = os.getpid()
         with _OPEN_LOCK:
@@ -81,24 +118,101 @@ class LMDBTier(Tier):
                     f"opening one path twice — share the open PageStore/LMDBTier instead")
             _OPEN_PATHS.add(self.path)
         self._env = None
+        self._writer: WriterLock | None = None
         try:
-            if not readonly:
-                os.makedirs(self.path, exist_ok=True)
-            self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
-                                  writemap=False, sync=True, metasync=True, readahead=readahead,
-                                  lock=True, readonly=readonly)
-            self._env.reader_check()  # clear reader slots of killed processes
-            self._dbs = {name: self._env.open_db(name.encode(), create=not readonly)
-                         for name in ("pages", "manifests", "quarantine", "meta")}
-            self._check_format()
+            self._open(map_size, readahead, allow_damaged)
         except BaseException as exc:
+            if self._writer is not None:
+                self._writer.close()
             if self._env is not None:
                 self._env.close()
             self._unregister()
             if isinstance(exc, lmdb.Error):
                 raise PagingError(f"cannot open LMDB store {self.path}: {exc}") from exc
+            if isinstance(exc, OSError) and not isinstance(exc, PagingError):
+                raise PagingError(f"cannot open store {self.path}: {exc.strerror or exc} — give a "
+                                  f"directory this process can create and write") from exc
             raise
         self._closed = False
+
+    def _open(self, map_size: int, readahead: bool, allow_damaged: bool) -> None:
+        record, self.record_note = read_record(self.path)
+        data = os.path.join(self.path, "data.mdb")
+        if record is not None and (not os.path.exists(data) or os.path.getsize(data) < _MIN_DATA_NBYTES):
+            size = os.path.getsize(data) if os.path.exists(data) else None
+            raise StoreIntegrityError(
+                f"store {self.path} committed transaction {record.txnid} with {len(record.manifests)} artifacts, "
+                f"but its data.mdb is {'missing' if size is None else f'{size} bytes'}: it was deleted or "
+                f"truncated — {_RESTORE_HINT}")
+        if not self.readonly:
+            os.makedirs(self.path, exist_ok=True)
+        self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
+                              writemap=False, sync=True, metasync=True, readahead=readahead,
+                              lock=True, readonly=self.readonly)
+        self._check_size()  # NOTE: before the first read of the map: a short file is SIGBUS
+        self._writer = WriterLock(self.path)
+        self._env.reader_check()  # clear reader slots of killed processes
+        with self._writer.hold():
+            self._dbs = self._open_dbs(record)
+        if record is not None:
+            txnid, entries, manifests = self._read(self._state)
+            self.damage = compare(record, txnid, entries, manifests)
+        if self.damage and not allow_damaged:
+            raise StoreIntegrityError(f"store {self.path} does not match its commit record: "
+                                      f"{'; '.join(self.damage)} — {_RESTORE_HINT}")
+        if not self.damage:
+            self._check_format()
+            if record is None and not self.readonly:
+                with self._writer.hold():  # a store made before commit records: start one now
+                    write_record(self.path, self._record_now())
+
+    def _check_size(self) -> None:
+        info, psize = self._env.info(), self._env.stat()["psize"]
+        need = (info["last_pgno"] + 1) * psize
+        have = os.path.getsize(os.path.join(self.path, "data.mdb"))
+        if have < need:
+            raise StoreIntegrityError(
+                f"store {self.path}: data.mdb is {have} bytes but its last committed page ends at byte "
+                f"{need} (transaction {info['last_txnid']}): the file was truncated and cannot be read — "
+                f"{_RESTORE_HINT}")
+
+    def _open_dbs(self, record: CommitRecord | None) -> dict:
+        """The four sub-databases; created only in a store that never committed any."""
+        names = ("pages", "manifests", "quarantine", "meta")
+        try:
+            return {name: self._env.open_db(name.encode(), create=False) for name in names}
+        except lmdb.NotFoundError:
+            if record is not None:
+                raise StoreIntegrityError(
+                    f"store {self.path} committed transaction {record.txnid} with {len(record.manifests)} "
+                    f"artifacts, but LMDB finds no page database in data.mdb: its tree is damaged (a meta "
+                    f"page) — {_RESTORE_HINT}") from None
+            if self.readonly:
+                raise PagingError(f"{self.path} holds no tieredkv store (no page database); open it "
+                                  f"writable to create one") from None
+        return {name: self._env.open_db(name.encode(), create=True) for name in names}
+
+    def _state(self, txn: lmdb.Transaction | None = None) -> tuple[int, dict[str, int], list[str]]:
+        """(txnid, entries per sub-database, artifact ids) as `txn` (or a fresh read) sees them."""
+        if txn is None:
+            with self._env.begin() as txn:
+                return self._state(txn)
+        entries = {name: txn.stat(db)["entries"] for name, db in self._dbs.items()}
+        cur = txn.cursor(db=self._dbs["manifests"])
+        manifests = [_key_text(k) for k in cur.iternext(keys=True, values=False)]
+        return txn.id(), entries, manifests
+
+    def _record_now(self, txn: lmdb.Transaction | None = None) -> CommitRecord:
+        txnid, entries, manifests = self._state(txn)
+        return CommitRecord(txnid, entries, tuple(manifests))
+
+    def audit(self) -> list[str]:
+        """What the store lacks compared with its commit record (see commit_record.py); [] if nothing."""
+        record, self.record_note = read_record(self.path)
+        if record is None:
+            return list(self.damage)
+        txnid, entries, manifests = self._read(self._state)
+        return sorted(set(self.damage) | set(compare(record, txnid, entries, manifests)))
 
     # -- plumbing ---------------------------------------------------------------------
     def _check_format(self) -> None:
@@ -128,6 +242,7 @@ class LMDBTier(Tier):
     def _read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
         self._check_process()
         with self._lock:
+            self._writer.check_files()
             try:
                 with self._env.begin() as txn:
                     return fn(txn)
@@ -138,19 +253,31 @@ class LMDBTier(Tier):
             with self._env.begin() as txn:
                 return fn(txn)
 
-    def _write(self, fn: Callable[[lmdb.Transaction], T], nbytes_hint: int = 0) -> T:
+    def _write(self, fn: Callable[[lmdb.Transaction], T], nbytes_hint: int = 0, *,
+               forget_manifest: str | None = None) -> T:
         """Run `fn` in one write transaction; on MapFullError grow the map and retry.
 
-        The aborted attempt leaves nothing behind, so a batch is all-or-nothing.
+        The aborted attempt leaves nothing behind, so a batch is all-or-nothing. The transaction
+        holds the writer lock (store_lock.py) from begin to commit, and the commit record is
+        rewritten under it; `forget_manifest` (a transaction that deletes that artifact) drops it
+        from the record durably before the transaction starts.
         """
         if self.readonly:
             raise PagingError(f"store {self.path} is open read-only; reopen it writable")
+        if self.damage:
+            raise StoreIntegrityError(f"store {self.path} does not match its commit record "
+                                      f"({'; '.join(self.damage)}); nothing is written to it — {_RESTORE_HINT}")
         self._check_process()
-        with self._lock:
+        with self._lock, self._writer.hold():
+            if forget_manifest is not None:
+                record, _ = read_record(self.path)
+                if record is not None and forget_manifest in record.manifests:
+                    write_record(self.path, record.without(forget_manifest), durable=True)
             for _ in range(_MAX_WRITE_ATTEMPTS - 1):
                 try:
                     with self._env.begin(write=True) as txn:
-                        return fn(txn)
+                        out = fn(txn)
+                        record = self._record_now(txn)  # what this transaction commits
                 except lmdb.MapResizedError:
                     self._env.set_mapsize(0)
                 except lmdb.ReadersFullError:
@@ -165,6 +292,15 @@ class LMDBTier(Tier):
                             f"free disk space or move the store") from exc
                     raise PagingError(f"LMDB write to {self.path} failed ({exc}); the "
                                       f"transaction was rolled back") from exc
+                else:
+                    # NOTE: the id LMDB committed, read after the commit (still under the writer lock):
+                    # a transaction that changed nothing commits nothing, and txn.id() would overstate it
+                    record = dataclasses.replace(record, txnid=self._env.info()["last_txnid"])
+                    try:
+                        write_record(self.path, record)
+                    except OSError:
+                        pass  # NOTE: the older record stays: a lower bound, never a false alarm
+                    return out
             raise StoreFullError(f"write to {self.path} still did not fit after "
                                  f"{_MAX_WRITE_ATTEMPTS} map resizes; nothing was written")
 
@@ -200,7 +336,7 @@ class LMDBTier(Tier):
 
     def _quarantine(self, key: str, raw: bytes) -> bool:
         self.corrupt_detected += 1
-        if self.readonly:
+        if self.readonly or self.damage:
             return False
         moved = self._write(lambda txn: self._quarantine_in(txn, key, raw))
         self.quarantined += int(moved)
@@ -296,15 +432,16 @@ class LMDBTier(Tier):
                 return out
             keys = self._read(batch)
             yield from keys
-            if len(keys) < _KEY_BATCH:
-                return
+            if len(keys) < _KEY_BATCH or (last is not None and keys[-1] <= last):
+                return  # NOTE: the second test ends a walk over keys whose order was damaged on disk
             last = keys[-1]
 
     def keys(self) -> Iterator[str]:
-        return (k.decode() for k in self._iter_keys("pages"))
+        """Page keys; a key whose bytes are not a page key (damaged on disk) is left to `check`."""
+        return (k.decode("ascii") for k in self._iter_keys("pages") if _is_page_key(k))
 
     def quarantined_keys(self) -> list[str]:
-        return [k.decode() for k in self._iter_keys("quarantine")]
+        return [_key_text(k) for k in self._iter_keys("quarantine")]
 
     def get_quarantined(self, key: str) -> bytes | None:
         return self._read(lambda txn: txn.get(key.encode(), db=self._dbs["quarantine"]))
@@ -333,13 +470,24 @@ class LMDBTier(Tier):
         return self._env.info()["map_size"]
 
     def check(self, sample: float = 1.0, seed: int = 0) -> dict:
-        """Re-verify a `sample` fraction of the pages; quarantine the corrupt ones."""
+        """Re-verify a `sample` fraction of the pages; quarantine the corrupt ones.
+
+        A stored key that is not a page key (its bytes were damaged on disk) is always checked:
+        its value is moved to quarantine under "damaged-key:<hex of the key>" and reported.
+        """
         if not 0.0 <= sample <= 1.0:
             raise PagingError(f"check sample must be in [0, 1], got {sample}")
         rng = random.Random(seed)
         checked = ok = 0
         bad: list[str] = []
-        for key in list(self.keys()):
+        damaged_keys: list[str] = []
+        for raw_key in list(self._iter_keys("pages")):
+            if not _is_page_key(raw_key):
+                checked += 1
+                damaged_keys.append(_key_text(raw_key))
+                self._quarantine_damaged_key(raw_key)
+                continue
+            key = raw_key.decode("ascii")
             if sample < 1.0 and rng.random() >= sample:
                 continue
             raw = self.get_raw(key)
@@ -351,7 +499,23 @@ class LMDBTier(Tier):
             else:
                 self._quarantine(key, raw)
                 bad.append(key)
-        return {"checked": checked, "ok": ok, "corrupt": len(bad), "quarantined_keys": bad}
+        return {"checked": checked, "ok": ok, "corrupt": len(bad) + len(damaged_keys), "quarantined_keys": bad,
+                "damaged_keys": damaged_keys}
+
+    def _quarantine_damaged_key(self, raw_key: bytes) -> None:
+        self.corrupt_detected += 1
+        if self.readonly or self.damage:
+            return
+
+        def txn_fn(txn: lmdb.Transaction) -> None:
+            value = txn.get(raw_key, db=self._dbs["pages"])
+            if value is None:
+                return
+            txn.put(b"damaged-key:" + raw_key.hex().encode()[:400], value, db=self._dbs["quarantine"])
+            txn.delete(raw_key, db=self._dbs["pages"])
+            self._add_payload(txn, -body_len(value))
+        self._write(txn_fn)
+        self.quarantined += 1
 
     # -- manifests and meta -----------------------------------------------------------
     @staticmethod
@@ -395,11 +559,16 @@ class LMDBTier(Tier):
         return data
 
     def list_manifests(self) -> list[str]:
-        return [k.decode("utf-8") for k in self._iter_keys("manifests")]
+        """Artifact ids; an id whose bytes are not UTF-8 (damaged on disk) is left to `check`."""
+        return [k.decode("utf-8") for k in self._iter_keys("manifests") if _is_utf8(k)]
+
+    def damaged_manifest_keys(self) -> list[str]:
+        """Manifest keys that are not UTF-8 (shown escaped); `check` reports them."""
+        return [_key_text(k) for k in self._iter_keys("manifests") if not _is_utf8(k)]
 
     def delete_manifest(self, artifact_id: str) -> bool:
         k = self._id(artifact_id)
-        return self._write(lambda txn: txn.delete(k, db=self._dbs["manifests"]))
+        return self._write(lambda txn: txn.delete(k, db=self._dbs["manifests"]), forget_manifest=artifact_id)
 
     def get_meta(self, name: str) -> str | None:
         raw = self._read(lambda txn: txn.get(name.encode("utf-8"), db=self._dbs["meta"]))
@@ -419,6 +588,7 @@ class LMDBTier(Tier):
         self._closed = True
         try:
             self._env.close()
+            self._writer.close()
         finally:
             self._unregister()
 

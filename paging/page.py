@@ -25,7 +25,6 @@ changed header byte is detected.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import struct
 import sys
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 
 from .errors import CorruptPageError, LayoutMismatchError, PagingError
-from .framing import PREFIX, pack_prefix, unpack_prefix
+from .framing import PREFIX, canonical_json, is_int, pack_prefix, strict_json, unpack_prefix
 from .layout import PageLayout
 
 FORMAT_VERSION = 1
@@ -85,12 +84,7 @@ def page_key(fingerprint: str, parent_key: str, token_ids: Sequence[int], start:
 
 def _header_digest(fields: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the header fields (without `header_sha256`)."""
-    return hashlib.sha256(_canonical_json(fields)).hexdigest()
-
-
-def _canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return hashlib.sha256(canonical_json(fields)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -201,7 +195,7 @@ class Page:
         """Self-describing wire form (see module docstring)."""
         fields = self._header_fields()
         fields["header_sha256"] = _header_digest(self._header_fields())
-        header = _canonical_json(fields)
+        header = canonical_json(fields)
         return pack_prefix(MAGIC, FORMAT_VERSION, len(header)) + header + self.payload
 
     @classmethod
@@ -220,19 +214,7 @@ class Page:
             raise CorruptPageError(expected_key, f"{type(exc).__name__}: {exc}") from None
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        raise ValueError("duplicate keys in header JSON")
-    return d
 
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name} in header JSON")
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parse(mv: memoryview, expected_key: str | None) -> Page:
@@ -253,22 +235,21 @@ def _parse(mv: memoryview, expected_key: str | None) -> Page:
                   f"{len(mv) - PREFIX.size} bytes follow the prefix")
     raw = bytes(mv[PREFIX.size:PREFIX.size + header_len])
     try:
-        hdr = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates,
-                         parse_constant=_reject_constant)
+        hdr = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise bad(f"header is not valid UTF-8 JSON: {exc}") from None
     if not isinstance(hdr, dict) or set(hdr) != _HEADER_FIELDS:
         got = sorted(hdr) if isinstance(hdr, dict) else type(hdr).__name__
         raise bad(f"header must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
-    if _canonical_json(hdr) != raw:
+    if canonical_json(hdr) != raw:
         raise bad("header is not in canonical form")
     for name in ("key", "parent_key", "fingerprint", "payload_sha256", "header_sha256"):
         _check_hex64(name, hdr[name])
     ids = hdr["token_ids"]
-    if not isinstance(ids, list) or not all(_int(t) and _INT32_MIN <= t <= _INT32_MAX
+    if not isinstance(ids, list) or not all(is_int(t) and _INT32_MIN <= t <= _INT32_MAX
                                             for t in ids):
         raise bad("token_ids must be a list of int32")
-    if not _int(hdr["start"]):
+    if not is_int(hdr["start"]):
         raise bad("start must be an int")
     header_sha = hdr.pop("header_sha256")
     if _header_digest(hdr) != header_sha:

@@ -45,6 +45,11 @@ REMOTE_MODES = ("write-through", "write-back")
 _SCHEMES = {"redis": ("redis", False), "rediss": ("rediss", False), "unix": ("unix", False),
             "redis+cluster": ("redis", True), "rediss+cluster": ("rediss", True)}
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_TIER_PARAMS = ("cluster", "timeout", "connect_timeout", "retries", "backoff", "batch", "ttl", "prefix", "down")
+# Query parameters redis-py reads from a URL (redis.connection.URL_QUERY_ARGUMENT_PARSERS, plus names)
+_CLIENT_PARAMS = frozenset({"db", "health_check_interval", "legacy_responses", "max_connections", "protocol",
+                            "retry_on_error", "retry_on_timeout", "socket_connect_timeout", "socket_keepalive",
+                            "socket_read_size", "socket_timeout", "client_name", "username", "password"})
 _MAX_BATCH_BYTES = 64 << 20
 COUNTERS = ("pages_put", "bytes_put", "pages_got", "bytes_got", "hits", "misses",
             "corrupt_detected", "round_trips")
@@ -140,8 +145,18 @@ class RemoteConfig:
                     _int(name, value)
             elif name == "prefix":
                 kw["prefix"] = value
-            else:
+            elif name in _CLIENT_PARAMS or name.startswith("ssl_"):
                 query.append((name, value))
+            else:
+                raise PagingError(
+                    f"unknown remote URL parameter {name!r} in {cls._redact(url)}; this tier reads "
+                    f"{', '.join(_TIER_PARAMS)}, the redis client {', '.join(sorted(_CLIENT_PARAMS))} and ssl_*")
+        try:
+            port = parts.port  # NOTE: urlsplit checks the range only when asked
+        except ValueError as exc:
+            raise PagingError(f"remote URL {cls._redact(url)}: {exc}; a port is 1-65535") from None
+        if port == 0:
+            raise PagingError(f"remote URL {cls._redact(url)}: port 0; a port is 1-65535")
         if is_cluster and scheme == "unix":
             raise PagingError("a cluster is reached over TCP: use redis+cluster://host:port")
         client_url = f"{scheme}://{parts.netloc}{parts.path}" + (

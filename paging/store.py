@@ -25,6 +25,7 @@ import psutil
 import torch
 
 from .device_tier import DeviceTier, tensors_nbytes
+from .framing import is_int
 from .errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, PagingError
 from .host_tier import HostTier
 from .lmdb_tier import LMDBTier
@@ -37,8 +38,7 @@ REMOTE_ENV = "TIEREDKV_REMOTE"
 _MiB, _GiB = 1 << 20, 1 << 30
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+
 
 
 @dataclass(frozen=True)
@@ -64,28 +64,33 @@ class StoreConfig:
     remote: str | None = None
     remote_mode: str = "write-through"
     remote_from_env: bool = False
+    # Open a store that does not match its commit record (paging/commit_record.py) so that `check`
+    # can report it; every write to it is refused. Off: such a store is refused at open.
+    allow_damaged: bool = False
 
     def __post_init__(self) -> None:
         if self.host_budget_bytes is not None and not (
-                _is_int(self.host_budget_bytes) and self.host_budget_bytes >= 0):
+                is_int(self.host_budget_bytes) and self.host_budget_bytes >= 0):
             raise PagingError(f"host_budget_bytes must be None or an int >= 0, got "
                               f"{self.host_budget_bytes!r}")
-        if not (_is_int(self.device_budget_bytes) and self.device_budget_bytes >= 0):
+        if not (is_int(self.device_budget_bytes) and self.device_budget_bytes >= 0):
             raise PagingError(f"device_budget_bytes must be an int >= 0, got "
                               f"{self.device_budget_bytes!r}")
         try:
             torch.device(self.device)
         except (RuntimeError, TypeError) as exc:
             raise PagingError(f"device {self.device!r} is not a torch device: {exc}") from None
-        if not (_is_int(self.lmdb_map_size) and self.lmdb_map_size > 0):
+        if not (is_int(self.lmdb_map_size) and self.lmdb_map_size > 0):
             raise PagingError(f"lmdb_map_size must be an int > 0, got {self.lmdb_map_size!r}")
         if self.lmdb_max_map_size is not None and not (
-                _is_int(self.lmdb_max_map_size)
+                is_int(self.lmdb_max_map_size)
                 and self.lmdb_max_map_size >= self.lmdb_map_size):
             raise PagingError(f"lmdb_max_map_size must be None or an int >= lmdb_map_size "
                               f"({self.lmdb_map_size}), got {self.lmdb_max_map_size!r}")
         if self.remote is not None:
             RemoteConfig.from_url(self.remote)  # raises PagingError with what is wrong
+        if not isinstance(self.allow_damaged, bool):
+            raise PagingError(f"allow_damaged must be a bool, got {self.allow_damaged!r}")
         if not isinstance(self.remote_from_env, bool):
             raise PagingError(f"remote_from_env must be a bool, got {self.remote_from_env!r}")
         if self.remote_mode not in REMOTE_MODES:
@@ -110,12 +115,14 @@ class PageStore:
         self.config = config
         self.path = os.fspath(path)
         self._lmdb = LMDBTier(path, map_size=config.lmdb_map_size,
-                              max_map_size=config.lmdb_max_map_size, readahead=config.lmdb_readahead)
+                              max_map_size=config.lmdb_max_map_size, readahead=config.lmdb_readahead,
+                              allow_damaged=config.allow_damaged)
         self._host = HostTier(config.resolved_host_budget())
         self._device = DeviceTier(config.device_budget_bytes, config.device)
         self._host_lru = LRUPolicy()
         self._device_lru = LRUPolicy()
         self._remote: RemoteLink | None = None
+        self._from_remote: dict[str, bytes] = {}  # manifests the remote served, not yet kept locally
         self._closed = False
         url = config.resolved_remote()
         if url is not None:
@@ -351,7 +358,12 @@ class PageStore:
             self._remote.put_manifest(artifact_id, data)
 
     def get_manifest(self, artifact_id: str) -> bytes:
-        """The verified manifest: LMDB, else the remote (verified, then kept in LMDB)."""
+        """The manifest (its SHA-256 checked): LMDB, else the remote.
+
+        NOTE: a manifest the remote serves is not written to LMDB here: a manifest must never be
+        visible locally before its pages are. `keep_remote_manifest` keeps it once they are (the
+        caller verified them), replacing a corrupt local copy.
+        """
         try:
             return self._lmdb.get_manifest(artifact_id)
         except (ManifestNotFoundError, CorruptPageError):
@@ -360,9 +372,26 @@ class PageStore:
             data = self._remote.get_manifest(artifact_id)
             if data is None:
                 raise
-        self._lmdb.delete_manifest(artifact_id)  # a corrupt local copy, if any
-        self._lmdb.put_manifest(artifact_id, data)
+        self._from_remote[artifact_id] = data
         return data
+
+    def keep_remote_manifest(self, artifact_id: str) -> bool:
+        """Write the manifest the remote served for `artifact_id` to LMDB; False if it served none."""
+        data = self._from_remote.pop(artifact_id, None)
+        if data is not None:
+            self.keep_manifest(artifact_id, data)
+        return data is not None
+
+    def keep_manifest(self, artifact_id: str, data: bytes) -> None:
+        """Write a verified manifest to LMDB only (not the remote), replacing a corrupt local copy."""
+        try:
+            if self._lmdb.get_manifest(artifact_id) == data:
+                return
+        except CorruptPageError:
+            self._lmdb.delete_manifest(artifact_id)
+        except ManifestNotFoundError:
+            pass
+        self._lmdb.put_manifest(artifact_id, data)
 
     def list_manifests(self) -> list[str]:
         local = self._lmdb.list_manifests()

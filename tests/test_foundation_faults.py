@@ -136,6 +136,7 @@ def test_unknown_artifact_id_says_what_exists(tiny_model, tmp_path):
 
 
 def test_cli_unknown_artifact_exits_2_with_one_line(tmp_path):
+    PageStore(tmp_path / "s", CONFIG).close()  # an empty store (a missing one is its own one-line error)
     proc = subprocess.run(
         [sys.executable, "-m", "tieredkv.cli", "graft", "--model", "tiny-llama", "--store", str(tmp_path / "s"),
          "--artifact", "feedface", "--prompt", "hi", "--max-new-tokens", "2"],

@@ -148,7 +148,7 @@ def test_check_reports_and_quarantines(tmp_path):
         report = tier.check()
         assert report["checked"] == 6 and report["ok"] == 4 and report["corrupt"] == 2
         assert sorted(report["quarantined_keys"]) == sorted([pages[2].key, pages[4].key])
-        assert tier.check() == {"checked": 4, "ok": 4, "corrupt": 0, "quarantined_keys": []}
+        assert tier.check() == {"checked": 4, "ok": 4, "corrupt": 0, "quarantined_keys": [], "damaged_keys": []}
         part = tier.check(sample=0.5, seed=3)
         assert part == tier.check(sample=0.5, seed=3) and part["checked"] <= 4
         assert tier.check(sample=0.0)["checked"] == 0
@@ -275,7 +275,7 @@ def test_sigkill_mid_put_many_then_reopen(tmp_path):
         n = tier.num_pages
         assert n >= committed and n % 50 == 0  # whole batches only
         report = tier.check()
-        assert report == {"checked": n, "ok": n, "corrupt": 0, "quarantined_keys": []}
+        assert report == {"checked": n, "ok": n, "corrupt": 0, "quarantined_keys": [], "damaged_keys": []}
         assert tier.nbytes == n * NB
         tier.put_many(make_chain(3, seed=9))  # still writable
         assert tier.num_pages == n + 3

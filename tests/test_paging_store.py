@@ -134,7 +134,7 @@ def test_reopen_finds_every_page(tmp_path, readahead):
         assert store.get_manifest("art") == b"chain" and store.list_manifests() == ["art"]
         assert store.get_meta("fingerprint") == FP
         assert store.delete_manifest("art") and store.list_manifests() == []
-        assert store.check() == {"checked": 5, "ok": 5, "corrupt": 0, "quarantined_keys": []}
+        assert store.check() == {"checked": 5, "ok": 5, "corrupt": 0, "quarantined_keys": [], "damaged_keys": []}
         with pytest.raises(PagingError, match="already open"):
             PageStore(tmp_path / "s", cfg())
 

@@ -6,8 +6,7 @@ import json
 
 from paging import PageStore, StoreConfig
 from testkit.redis_server import redis_server  # noqa: F401  (fixture)
-from tests.test_remote_tier import FP, LAYOUT, make_chain
-from tieredkv.artifacts.artifact import Artifact
+from tieredkv.artifacts.artifact import deposit
 from tieredkv.cli import main
 
 
@@ -17,24 +16,22 @@ def run(capsys, *argv: str) -> tuple[int, dict | str]:
     return code, (json.loads(out) if code == 0 else err)
 
 
-def test_push_ls_pull_ping(redis_server, tmp_path, capsys):
-    pages = make_chain(6)
-    art = Artifact("a1b2c3", FP, {}, 24, 4, tuple(p.key for p in pages), "00" * 32,
-                   LAYOUT.to_dict(), "synthetic")
+def test_push_ls_pull_ping(redis_server, tmp_path, capsys, tiny_model):
+    lm = tiny_model("tiny-llama")
     with PageStore(tmp_path / "a", StoreConfig()) as a:
-        a.put_many(pages)
-        a.put_manifest(art.artifact_id, art.to_json())
+        art = deposit(lm, list(range(3, 27)), a, page_size=4, name="synthetic")
+        pages = [a.get(k) for k in art.page_keys]
     url = redis_server.url
     code, out = run(capsys, "remote", "push", "--store", str(tmp_path / "a"), "--remote", url)
-    assert code == 0 and out["pages"] == 6 and out["artifacts"] == ["a1b2c3"]
+    assert code == 0 and out["pages"] == 6 and out["artifacts"] == [art.artifact_id]
     code, out = run(capsys, "remote", "ls", "--remote", url)
-    assert out["artifacts"] == ["a1b2c3"]
+    assert out["artifacts"] == [art.artifact_id]
     code, out = run(capsys, "remote", "pull", "--store", str(tmp_path / "b"), "--remote", url,
-                    "--artifact", "a1b")
+                    "--artifact", art.artifact_id[:5])
     assert code == 0 and out["pages_pulled"] == 6 and out["corrupt_detected"] == 0
     with PageStore(tmp_path / "b", StoreConfig()) as b:  # offline now
         assert [b.get(p.key) for p in pages] == pages
-        assert b.list_manifests() == ["a1b2c3"]
+        assert b.list_manifests() == [art.artifact_id]
     code, out = run(capsys, "remote", "ping", "--remote", url)
     assert code == 0 and out["artifacts"] == 1 and out["redis_version"]
 

@@ -152,9 +152,21 @@ def _load_smollm2(dtype: torch.dtype):
 def _load_dir(path: Path, dtype: torch.dtype):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=_attn_for(config))
-    tok = AutoTokenizer.from_pretrained(path)
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"model directory {path} has no config.json; give a Hugging Face model directory "
+                                 "(config.json, weights and tokenizer files)")
+    try:  # NOTE: the tokenizer first: a directory without one is refused before the weights load
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelNotFoundError(f"model directory {path} has no usable tokenizer ({type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())[:200]}); add its tokenizer files") from None
+    try:
+        config = AutoConfig.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=_attn_for(config))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelNotFoundError(f"model directory {path} cannot be loaded as a causal LM "
+                                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); give a Hugging Face "
+                                 "model directory with its weights") from None
     tok_json = tok.backend_tokenizer.to_str() if hasattr(tok, "backend_tokenizer") else json.dumps(tok.get_vocab(), sort_keys=True)
     identity = "hf:" + hashlib.sha256(tok_json.encode()).hexdigest()
     return model.eval(), HFCodec(tok, identity)

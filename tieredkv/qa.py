@@ -66,20 +66,25 @@ def document_name(document: str) -> str:
     return "doc:" + hashlib.sha256(document.encode()).hexdigest()
 
 
-def find_artifact(store, name: str, regime: dict) -> Artifact | None:
-    """The artifact named `name` that was ingested under `regime`, if the store holds one."""
+def find_artifact(store, name: str, domain: dict) -> Artifact | None:
+    """The artifact named `name` that was ingested in `domain` (the same determinism domain, regime
+    included), if the store holds one; its manifest is verified (artifacts/manifest.py)."""
+    from tieredkv.artifacts.manifest import parse_manifest
+    from tieredkv.domain import domain_differences
+
     for art_id in store.list_manifests():
-        art = Artifact.from_json(store.get_manifest(art_id))
-        if art.name == name and art.domain.get("regime") == regime:
+        art = parse_manifest(store.get_manifest(art_id), stored_as=art_id, where=store.path)
+        if art.name == name and art.domain.get("regime") == domain.get("regime") \
+                and not domain_differences(art.domain, domain):
             return art
     return None
 
 
 def open_document(tm, doc_ids: list[int], name: str, *, reingest: bool = False,
                   progress: Callable[[int, int], None] | None = None) -> tuple[Artifact, bool]:
-    """Graft the document's artifact if `tm`'s store holds one under `tm`'s regime, else ingest it.
-    Returns (artifact, grafted)."""
-    art = None if reingest else find_artifact(tm.store, name, tm.domain()["regime"])
+    """Graft the document's artifact if `tm`'s store holds one made in `tm`'s domain, else ingest it
+    (an artifact of another domain stays where it is). Returns (artifact, grafted)."""
+    art = None if reingest else find_artifact(tm.store, name, tm.domain())
     if art is not None:
         tm.graft(art)
         return art, True

@@ -30,11 +30,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from index.lexical import STOPWORDS
-from tieredkv import attention
 from tieredkv.placement import PlacementPolicy
+from tieredkv.reencode import attention_votes
 from tieredkv.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
@@ -61,25 +60,6 @@ class Reading:
 
 
 # ----------------------------------------------------------------------------- the signals
-def attention_votes(cache, prompt_ids: Sequence[int]) -> dict[int, int]:
-    """Page id -> how many layers retrieve it in one forward of `prompt_ids`, run over a throwaway
-    copy of `cache`'s sealed context with its own placement policy."""
-    from tieredkv.tiered_cache import TieredCache
-
-    shadow = TieredCache(cache.model, cache.store, cache.config, fingerprint=cache.fingerprint,
-                         page_size=cache.page_size, policy=cache.policy, persist=False)
-    shadow.attach(cache.page_keys, cache.spans, cache.layout, cache.index)
-    model = cache.model
-    try:
-        # One forward: its own tokens are never sealed, so the shared index is not touched.
-        with attention.activate(shadow), torch.inference_mode():
-            model(input_ids=torch.tensor([list(prompt_ids)], device=model.device), past_key_values=shadow,
-                  use_cache=True, logits_to_keep=1)
-    finally:
-        shadow.close()
-    return dict(collections.Counter(p for sel in shadow.retrieval_log for p in sel))
-
-
 def lexical_index(cache, codec):
     """BM25 over the text of every sealed page of `cache`, built at a context's first question."""
     from index.lexical import BM25Index

@@ -1,6 +1,5 @@
-"""`recheck`: re-run what a report says produced its hashes, and compare them, so a reader can re-check
-any number. A report is a pre-registration: on a machine in the same determinism domain the re-run
-must give the committed output hashes byte for byte. Timings are never compared.
+"""`recheck`: re-run what a report says produced its hashes and claims, and compare, so a reader can
+re-check any number. A report is a pre-registration.
 
 The convention (any benchmark can follow it):
 
@@ -9,18 +8,31 @@ The convention (any benchmark can follow it):
                 "outputs": {"<name>": "<sha256>", ...}}
 
 `argv` re-runs a deterministic sub-computation; it prints one JSON object with the same `outputs`
-names and its own `domain`. argv[0] "tieredkv" runs this package's CLI and "python" this
+names and its own `domain`, and may add `"inputs": [names]` (outputs that hash what went in, the
+same in any domain) and `"relations": {name: bool}` (facts the contract promises in any domain, such
+as "grafted logits == fresh logits"). argv[0] "tieredkv" runs this package's CLI and "python" this
 interpreter; relative paths are resolved from the repository that holds the report.
-`tieredkv verify --json --rows` reports need no block: their spec fields give the argv, and every
-row's input, fresh-logits and grafted-logits hashes are compared.
+`tieredkv verify --json --rows` reports need no block: their spec fields give the argv (a field an
+older report lacks is inferred from its rows and must be confirmed by every input hash).
 
-Exit status of the CLI: 0 every hash reproduced, 1 some differ or are missing, 2 refused (another
-determinism domain, an unsupported report, a re-run that failed).
+Two ways to hold, decided by the re-run's determinism domain (which names the CPU, its kernels and
+libraries, not just "x86_64"):
+
+    same domain     every committed hash must be reproduced byte for byte
+    another domain  committed output hashes are domain-specific and are not evidence either way; the
+                    inputs must still hash equal, and the relations that hold anywhere (graft == fresh,
+                    per row) must hold in the re-run
+
+Either way every claim (counts, KL, argmax, equality flags) is checked against the report's own rows
+and against the rows the re-run produced. A re-run with another model, dtype, attention or page size
+is refused (that is another recipe, not another machine) unless --allow-domain-mismatch.
+
+Exit status of the CLI: 0 everything checkable held, 1 something differs or nothing could be checked,
+2 refused (another model, an unsupported report, a re-run that failed).
 """
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -31,9 +43,8 @@ from typing import Any, Callable
 from tieredkv.domain import DOMAIN_FIELDS, domain_differences
 from tieredkv.errors import DomainMismatchError, TieredKVError
 
-VERIFY_DEFAULTS = {"seed": 0, "continuation": 16}  # `tieredkv verify` defaults, used if a report omits them
-# Domain fields known without loading the model: checked before spending time on a re-run.
-ENVIRONMENT_FIELDS = ("torch", "transformers", "machine", "num_threads", "device_kind")
+# Domain fields that name the recipe (which model, how it is run) rather than the machine.
+RECIPE_FIELDS = ("fingerprint", "dtype", "attn_implementation", "page_size", "tieredkv_format")
 
 
 class RecheckError(TieredKVError):
@@ -48,90 +59,80 @@ class Plan:
     argv: list[str]
     outputs: dict[str, str]
     domain: dict[str, Any]
-    assumed: tuple[str, ...] = ()  # spec values the report did not record (defaults were used)
+    inferred: tuple[str, ...] = ()  # parameters the report did not record, and how they were determined
+    inputs: frozenset[str] = frozenset()  # outputs that hash inputs: equal in any domain
+    report: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
 class Result:
     plan: Plan
-    items: list[dict[str, Any]] = field(default_factory=list)  # name, committed, rerun, ok
+    mode: str = "hash"  # "hash": same domain; "relation": another machine
+    # each: name, check ("hash", "relation", "claim", "domain-specific"), committed, rerun, ok (None: not comparable)
+    items: list[dict[str, Any]] = field(default_factory=list)
     domain_differences: list[str] = field(default_factory=list)
     rerun_s: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return bool(self.items) and all(i["ok"] for i in self.items)
+        return any(i["ok"] for i in self.items) and not any(i["ok"] is False for i in self.items)
+
+    def count(self, check: str) -> tuple[int, int]:
+        rows = [i for i in self.items if i["check"] == check]
+        return sum(bool(i["ok"]) for i in rows), len(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.plan.kind, "argv": self.plan.argv, "assumed": list(self.plan.assumed),
-                "ok": self.ok, "matched": sum(i["ok"] for i in self.items), "items": self.items,
-                "domain_differences": self.domain_differences, "rerun_s": round(self.rerun_s, 2)}
+        return {"kind": self.plan.kind, "argv": self.plan.argv, "inferred": list(self.plan.inferred),
+                "mode": self.mode, "ok": self.ok, "matched": sum(i["ok"] is True for i in self.items),
+                "counts": {c: dict(zip(("held", "of"), self.count(c)))
+                           for c in ("hash", "relation", "claim", "domain-specific")},
+                "items": self.items, "domain_differences": self.domain_differences,
+                "rerun_s": round(self.rerun_s, 2)}
 
 
 # ----------------------------------------------------------------------------- reading a report
+def load_report(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise RecheckError(f"{path} is a directory; give a report JSON file")
+    if not path.is_file():
+        raise RecheckError(f"{path} does not exist or is not a regular file; give a report JSON file")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecheckError(f"{path} is not JSON: {' '.join(str(e).split())}") from None
+    if not isinstance(report, dict):
+        raise RecheckError(f"{path} holds a JSON {type(report).__name__}, not a report object; see "
+                           "docs/LIBRARY.md (Reports) for the convention")
+    return report
+
+
 def verify_outputs(report: dict[str, Any]) -> dict[str, str]:
     """Every hash a `verify --rows` report commits to, by name."""
-    out = {"corpus": report.get("corpus_sha256")}
-    for r in report["rows"]:
-        i = r["sample"]
-        out[f"sample {i:03d} input"] = r["input_sha256"]
-        out[f"sample {i:03d} fresh_logits"] = r["fresh_logits_sha256"]
-        out[f"sample {i:03d} grafted_logits"] = r["grafted_logits_sha256"]
-    return {k: v for k, v in out.items() if v is not None}
+    from tieredkv.recheck_verify import verify_outputs as outputs
+
+    return outputs(report)
 
 
 def plan_for(report: dict[str, Any]) -> Plan:
     if "recheck" in report:
         block = report["recheck"]
-        if not isinstance(block.get("argv"), list) or not isinstance(block.get("outputs"), dict):
+        if not isinstance(block, dict) or not isinstance(block.get("argv"), list) or \
+                not isinstance(block.get("outputs"), dict):
             raise RecheckError('the "recheck" block needs "argv" (a list) and "outputs" (name -> sha256)')
         domain = block.get("domain") or report.get("domain")
         if not isinstance(domain, dict):
             raise RecheckError("the report records no determinism domain; it cannot be re-checked")
-        return Plan("recheck", [str(a) for a in block["argv"]], dict(block["outputs"]), domain)
-    rows = report.get("rows")
-    if isinstance(rows, list) and rows and isinstance(rows[0], dict) and "fresh_logits_sha256" in rows[0]:
-        spec, assumed = {}, []
-        for key, default in VERIFY_DEFAULTS.items():
-            spec[key] = report.get(key, default)
-            if key not in report:
-                assumed.append(f"{key}={default} (not recorded in the report; the verify default)")
-        argv = ["tieredkv", "verify", "--model", str(report["model"]), "--tokens", str(report["tokens"]),
-                "--samples", str(report["samples"]), "--shift", str(report["shift"]),
-                "--page-size", str(report["page_size"]), "--seed", str(spec["seed"]),
-                "--continuation", str(spec["continuation"]), "--json", "--rows", "--quiet"]
-        return Plan("verify", argv, verify_outputs(report), report["domain"], tuple(assumed))
+        return Plan("recheck", [str(a) for a in block["argv"]], dict(block["outputs"]), domain,
+                    inputs=frozenset(block.get("inputs", ())), report=report)
+    from tieredkv.recheck_verify import is_verify_report, verify_plan
+
+    if is_verify_report(report):
+        return verify_plan(report)
     if "sha256_equal" in report and "rows" not in report:
         raise RecheckError("this verify report has no per-sample rows; produce it with `tieredkv verify --json "
                            "--rows` so that every hash can be re-checked")
     raise RecheckError('the report has no "recheck" block and is not a `tieredkv verify --json --rows` report; '
                        "see docs/LIBRARY.md (Reports) for the convention")
-
-
-# ----------------------------------------------------------------------------- the domain
-def environment_now(recorded: dict[str, Any]) -> dict[str, Any]:
-    """The domain fields this process can tell without loading the model."""
-    import torch
-    import transformers
-
-    from tieredkv.domain import device_kind
-
-    kind = str(recorded.get("device_kind", "cpu"))
-    device = "cuda" if kind.startswith("cuda") and torch.cuda.is_available() else "cpu"
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
-            "num_threads": torch.get_num_threads(), "device_kind": device_kind(device)}
-
-
-def environment_differences(recorded: dict[str, Any]) -> list[str]:
-    now = environment_now(recorded)
-    return [f"{k}: {recorded.get(k)!r} -> {now[k]!r}" for k in ENVIRONMENT_FIELDS if recorded.get(k) != now[k]]
-
-
-def _refuse(diffs: list[str]) -> DomainMismatchError:
-    return DomainMismatchError(
-        f"the report was produced in another determinism domain ({'; '.join(diffs)}); its hashes are not "
-        "expected to reproduce here. Re-check on a machine of that domain, or pass --allow-domain-mismatch to "
-        "re-run anyway (differences are then not evidence against the report)")
 
 
 # ----------------------------------------------------------------------------- re-running
@@ -171,62 +172,125 @@ def _no_json(argv: list[str], proc) -> dict[str, Any]:
                        + " | ".join(tail))
 
 
-def rerun_outputs(plan: Plan, rerun: dict[str, Any]) -> dict[str, str]:
-    if plan.kind == "verify":
-        return verify_outputs(rerun)
-    if not isinstance(rerun.get("outputs"), dict):
-        raise RecheckError(f'the re-run `{" ".join(plan.argv)}` printed JSON without "outputs"')
-    return rerun["outputs"]
-
-
 def recheck(report_path: str | Path, *, allow_domain_mismatch: bool = False,
             runner: Callable[[list[str], Path], dict[str, Any]] | None = None) -> Result:
-    """Re-run the report's recipe (`runner`, default: a subprocess) and compare every committed hash;
-    refuses another determinism domain (DomainMismatchError) unless `allow_domain_mismatch`."""
+    """Re-run the report's recipe (`runner`, default: a subprocess) and check it (see the module docstring).
+
+    Raises DomainMismatchError if the re-run used another recipe (model fingerprint, dtype, attention,
+    page size) unless `allow_domain_mismatch`; another machine is never refused: it checks relations."""
     path = Path(report_path)
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise RecheckError(f"{path} is not JSON: {e}") from None
+    report = load_report(path)
     plan = plan_for(report)
-    result = Result(plan)
-    diffs = environment_differences(plan.domain)
-    if diffs and not allow_domain_mismatch:
-        raise _refuse(diffs)  # before a re-run that could not confirm anything
     t0 = time.perf_counter()
     rerun = (runner or run_subprocess)(plan.argv, repo_root(path))
-    result.rerun_s = time.perf_counter() - t0
+    result = Result(plan, rerun_s=time.perf_counter() - t0)
     rerun_domain = rerun.get("domain")
-    diffs = domain_differences(plan.domain, rerun_domain) if isinstance(rerun_domain, dict) else \
-        ["the re-run reported no domain"]
-    if diffs and not allow_domain_mismatch:
-        raise _refuse(diffs)
+    if not isinstance(rerun_domain, dict):
+        raise RecheckError(f"the re-run `{' '.join(plan.argv)}` reported no determinism domain")
+    diffs = domain_differences(plan.domain, rerun_domain)
+    recipe = [d for d in diffs if d.split(":", 1)[0] in RECIPE_FIELDS]
+    if recipe and not allow_domain_mismatch:
+        raise DomainMismatchError(
+            f"the re-run used another recipe than the report ({'; '.join(recipe)}): that is another model or "
+            "setting, not another machine. Re-check with the report's model, or pass --allow-domain-mismatch to "
+            "compare only what holds for any model (inputs, relations)")
     result.domain_differences = diffs
-    got = rerun_outputs(plan, rerun)
-    for name, committed in plan.outputs.items():
-        now = got.get(name)
-        result.items.append({"name": name, "committed": committed, "rerun": now, "ok": now == committed})
-    for name in sorted(set(got) - set(plan.outputs)):
-        result.items.append({"name": name, "committed": None, "rerun": got[name], "ok": False})
+    result.mode = "relation" if diffs else "hash"
+    if plan.kind == "verify":
+        from tieredkv.recheck_verify import verify_items
+
+        result.items = verify_items(plan, rerun, result.mode)
+    else:
+        result.items = block_items(plan, rerun, result.mode)
     return result
 
 
+def block_items(plan: Plan, rerun: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    """Items of a report with a recheck block: hashes, then the re-run's relations."""
+    got = rerun.get("outputs")
+    if not isinstance(got, dict):
+        raise RecheckError(f'the re-run `{" ".join(plan.argv)}` printed JSON without "outputs"')
+    inputs = plan.inputs | frozenset(rerun.get("inputs") or ())
+    items = []
+    for name, committed in plan.outputs.items():
+        now = got.get(name)
+        if mode == "hash" or name in inputs:
+            items.append(_item(name, "hash", committed, now, now == committed))
+        else:
+            items.append(_item(name, "domain-specific", committed, now, None,
+                               "matches" if now == committed else "differs (expected on another machine)"))
+    if mode == "hash":
+        for name in sorted(set(got) - set(plan.outputs)):
+            items.append(_item(name, "hash", None, got[name], False, "not in the report"))
+    committed_rel = (plan.report.get("recheck") or {}).get("relations") or {}
+    relations = rerun.get("relations") or {}
+    for name in sorted(set(relations) | set(committed_rel)):
+        now = relations.get(name)
+        ok = now is True and committed_rel.get(name, True) is True
+        items.append(_item(name, "relation", committed_rel.get(name), now, ok))
+    return items
+
+
+def _item(name: str, check: str, committed: Any, rerun: Any, ok: bool | None, note: str = "") -> dict[str, Any]:
+    return {"name": name, "check": check, "committed": committed, "rerun": rerun, "ok": ok,
+            **({"note": note} if note else {})}
+
+
 def format_table(result: Result, *, only_failures: bool = False) -> str:
-    short = lambda h: "-" if h is None else h[:16] + "…"  # noqa: E731
-    lines = ["| item | committed | re-run | result |", "|---|---|---|---|"]
+    def short(h: Any) -> str:
+        if h is None:
+            return "-"
+        text = h if isinstance(h, str) else json.dumps(h)
+        return text[:16] + "…" if isinstance(h, str) and len(h) == 64 else text[:24]
+
+    lines = ["| item | check | committed | re-run | result |", "|---|---|---|---|---|"]
     for i in result.items:
-        if only_failures and i["ok"]:
+        if only_failures and i["ok"] is not False:
             continue
-        lines.append(f"| {i['name']} | {short(i['committed'])} | {short(i['rerun'])} | "
-                     f"{'match' if i['ok'] else 'DIFFERS'} |")
-    n_ok = sum(i["ok"] for i in result.items)
+        verdict = {True: "holds", False: "DIFFERS", None: "not comparable here"}[i["ok"]]
+        lines.append(f"| {i['name']} | {i['check']} | {short(i['committed'])} | {short(i['rerun'])} | {verdict} |")
     lines.append("")
-    lines.append(f"{n_ok}/{len(result.items)} hashes reproduced ({result.plan.kind}, re-run {result.rerun_s:.1f}s)")
-    for a in result.plan.assumed:
-        lines.append(f"assumed: {a}")
-    for d in result.domain_differences:
-        lines.append(f"domain differs (allowed): {d}")
+    lines += summary_lines(result)
     return "\n".join(lines)
+
+
+def summary_lines(result: Result) -> list[str]:
+    plan = result.plan
+    out = [f"{plan.kind} report, re-run {result.rerun_s:.1f}s"]
+    if result.mode == "hash":
+        out.append("domain: the same as the report's: every committed hash must be reproduced byte for byte")
+    else:
+        out.append("domain: ANOTHER machine or build than the report's — committed output hashes are "
+                   "domain-specific and are not compared; inputs must hash equal and the relations that hold in "
+                   "any domain are checked instead")
+        for d in result.domain_differences:
+            out.append(f"  differs: {d}")
+    h, hn = result.count("hash")
+    r, rn = result.count("relation")
+    c, cn = result.count("claim")
+    names = sorted({i["name"].split(" ", 2)[-1] if i["name"].startswith("sample ") else i["name"]
+                    for i in result.items if i["check"] == "hash"})
+    out.append(f"hash-equal: {h}/{hn} ({', '.join(names[:6])}{'…' if len(names) > 6 else ''})")
+    out.append(f"relation-only: {r}/{rn} hold" + (f" ({_relation_names(result)})" if rn else ""))
+    out.append(f"claims: {c}/{cn} hold (checked against the report's own rows and the re-run's)" if cn else
+               "claims: none that can be checked (the recipe states no claims beside its outputs)")
+    ds = [i for i in result.items if i["check"] == "domain-specific"]
+    if ds:
+        same = sum(i["rerun"] == i["committed"] for i in ds)
+        out.append(f"not comparable here: {len(ds)} domain-specific hashes ({same} happen to match)")
+    for a in plan.inferred:
+        out.append(f"parameter: {a}")
+    verdict = "the report holds" if result.ok else "the report does NOT hold" if any(
+        i["ok"] is False for i in result.items) else "nothing could be checked here"
+    out.append(f"RESULT: {verdict}" + (" (relation-only on this machine)" if result.mode == "relation" and
+                                        result.ok else ""))
+    return out
+
+
+def _relation_names(result: Result) -> str:
+    names = sorted({i["name"].split(" ", 2)[-1] if i["name"].startswith("sample ") else i["name"]
+                    for i in result.items if i["check"] == "relation"})
+    return ", ".join(names[:4]) + ("…" if len(names) > 4 else "")
 
 
 __all__ = ["Plan", "Result", "RecheckError", "recheck", "plan_for", "format_table", "verify_outputs",

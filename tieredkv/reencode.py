@@ -31,14 +31,14 @@ import torch
 from tieredkv import attention
 
 
-def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
-    """At most `count` far pages: those that the most layers' selections (each the union over KV
-    heads) retrieve in one forward of `prompt_ids` (ties: the earlier page), over a throwaway copy
-    of `cache`'s sealed context."""
+def attention_votes(cache, prompt_ids: Sequence[int]) -> dict[int, int]:
+    """Page id -> how many layers retrieve it in one forward of `prompt_ids`, run over a throwaway
+    copy of `cache`'s sealed context with its own placement policy (each layer's selection is the
+    union of its KV heads' top-k)."""
     from tieredkv.tiered_cache import TieredCache
 
     shadow = TieredCache(cache.model, cache.store, cache.config, fingerprint=cache.fingerprint,
-                         page_size=cache.page_size, policy=cache.policy)
+                         page_size=cache.page_size, policy=cache.policy, persist=False)
     shadow.attach(cache.page_keys, cache.spans, cache.layout, cache.index)
     model = cache.model
     try:
@@ -48,7 +48,13 @@ def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
                   use_cache=True, logits_to_keep=1)
     finally:
         shadow.close()
-    votes = collections.Counter(p for sel in shadow.retrieval_log for p in sel)
+    return dict(collections.Counter(p for sel in shadow.retrieval_log for p in sel))
+
+
+def probe(cache, prompt_ids: Sequence[int], count: int) -> list[int]:
+    """At most `count` far pages: those that the most layers retrieve in one forward of `prompt_ids`
+    (`attention_votes`; ties: the earlier page), in position order."""
+    votes = attention_votes(cache, prompt_ids)
     return sorted(sorted(votes, key=lambda p: (-votes[p], p))[:count])
 
 

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
-from paging.errors import CorruptPageError, ManifestNotFoundError
+from paging.errors import ManifestNotFoundError
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
@@ -175,18 +175,23 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     art = Artifact(artifact_id(fp, root, domain), fp, domain, len(ids), page_size, tuple(keys),
                    sha256_ids(ids), layout.to_dict(), name)
     store.put_manifest(art.artifact_id, art.to_json())
+    from tieredkv.artifacts.manifest import read_back
+
+    read_back(store, art)  # NOTE: success is reported only for what LMDB gives back, verified
     return art
 
 
 def load_artifact(store: PageStore, artifact_id: str) -> Artifact:
-    """Find an artifact by id (or unique id prefix) in `store`."""
+    """Find an artifact by id (or unique id prefix) in `store`; its manifest is verified (manifest.py)."""
+    from tieredkv.artifacts.manifest import parse_manifest
+
     try:
-        return Artifact.from_json(store.get_manifest(artifact_id))
+        return parse_manifest(store.get_manifest(artifact_id), stored_as=artifact_id, where=store.path)
     except ManifestNotFoundError:
         pass
     matches = [a for a in store.list_manifests() if a.startswith(artifact_id)] if artifact_id else []
     if len(matches) == 1:
-        return Artifact.from_json(store.get_manifest(matches[0]))
+        return parse_manifest(store.get_manifest(matches[0]), stored_as=matches[0], where=store.path)
     known = store.list_manifests()
     hint = f"known: {', '.join(known[:10])}" if known else "the store holds no artifacts"
     what = "ambiguous prefix" if matches else "no artifact"
@@ -195,18 +200,15 @@ def load_artifact(store: PageStore, artifact_id: str) -> Artifact:
 
 
 def load_pages(store: PageStore, art: Artifact) -> list[Page]:
-    """Every page of `art`, SHA-256-verified by the store, with the chain re-checked."""
-    pages, parent, pos = [], ROOT_KEY, 0
+    """Every page of `art`, SHA-256-verified by the store, with the chain re-checked (manifest.iter_pages).
+
+    A manifest the store's remote served is kept locally once every page it names is (never before).
+    """
+    from tieredkv.artifacts.manifest import iter_pages
+
     store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
-    for key in art.page_keys:
-        page = store.get(key)  # raises CorruptPageError: never served
-        if page.parent_key != parent or page.start != pos:
-            raise CorruptPageError(key, f"breaks the chain of artifact {art.artifact_id} (parent or position differs)")
-        pages.append(page)
-        parent, pos = key, pos + page.num_tokens
-    if pos != art.num_tokens:
-        raise CorruptPageError(art.root_sha256, f"artifact {art.artifact_id} pages hold {pos} tokens, manifest says "
-                                                f"{art.num_tokens}")
+    pages = list(iter_pages(store, art))
+    store.keep_remote_manifest(art.artifact_id)
     return pages
 
 

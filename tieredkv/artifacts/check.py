@@ -1,31 +1,54 @@
 """`check_store`: re-hash a store's pages and manifests; quarantine what fails, say what broke.
 
 A corrupt page is moved to quarantine by PageStore.check (it is never served again); the
-artifacts that name it are reported as incomplete, to be re-imported or re-deposited.
+artifacts that name it are reported as incomplete, to be re-imported or re-deposited. Every
+manifest is verified (manifest.py: its id commits to its model, domain and root) and every
+complete artifact's pages are walked as a chain. The store itself is compared with its commit
+record (paging/commit_record.py): a store that rolled back to an older snapshot is reported, not
+called healthy, even when every page it still holds verifies.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from paging import PageStore
-from paging.errors import CorruptPageError, ManifestNotFoundError
+from paging.errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError
+from tieredkv.artifacts.manifest import ManifestIntegrityError, parse_manifest, verify_artifact
 
 
-def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0) -> dict[str, Any]:
-    """Re-verify a `sample` fraction of the pages and every manifest; JSON-able report."""
+def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
+                recompute: tuple[Any, float] | None = None) -> dict[str, Any]:
+    """Re-verify a `sample` fraction of the pages, every manifest and chain, and the commit record.
+
+    `recompute=(lm, fraction)` also recomputes a seeded `fraction` of each sound artifact's pages with
+    model `lm` (recompute.py) and reports which do not reproduce; artifacts it cannot recompute here
+    (another model or domain, a TieredModel context) are listed with the reason.
+    """
+    damage = store.lmdb_tier.audit()
     report = store.check(sample=sample, seed=seed)
-    corrupt_manifests, incomplete = [], {}
-    for artifact_id in store.list_manifests():
+    corrupt_manifests = list(store.lmdb_tier.damaged_manifest_keys())
+    incomplete: dict[str, dict[str, Any]] = {}
+    broken_chains: dict[str, str] = {}
+    seen: dict[str, tuple[str, int, str, int]] = {}  # key -> (parent, start, fingerprint, tokens)
+    recomputed: list[dict[str, Any]] = []
+    artifacts = store.list_manifests()
+    for artifact_id in artifacts:
         try:
-            manifest = json.loads(store.get_manifest(artifact_id))
-            keys = manifest["pages"]
-        except (CorruptPageError, ManifestNotFoundError, ValueError, KeyError, TypeError):
+            art = parse_manifest(store.get_manifest(artifact_id), stored_as=artifact_id, where=store.path)
+        except (CorruptPageError, ManifestNotFoundError, ManifestIntegrityError):
             corrupt_manifests.append(artifact_id)
             continue
-        missing = [k for k in keys if not store.contains(k)]
+        missing = [k for k in art.page_keys if not store.contains(k)]
         if missing:
             incomplete[artifact_id] = {"missing_pages": len(missing), "first_missing": missing[0]}
+            continue
+        why = _chain_problem(store, art, seen)
+        if why:
+            broken_chains[artifact_id] = why
+        elif recompute is not None:
+            recomputed.append(_recompute(store, art, *recompute, seed=f"{seed}:{artifact_id}"))
+    forged = [r["artifact"] for r in recomputed if r.get("mismatches")]
+    healthy = not (report["corrupt"] or corrupt_manifests or incomplete or broken_chains or damage or forged)
     return {
         "store": store.path,
         "sample": sample,
@@ -33,16 +56,78 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0) -> dict
         "ok": report["ok"],
         "corrupt": report["corrupt"],
         "quarantined_keys": report["quarantined_keys"],
+        "damaged_keys": report.get("damaged_keys", []),
         "quarantined_total": store.lmdb_tier.num_quarantined,
-        "artifacts": len(store.list_manifests()),
+        "artifacts": len(artifacts),
         "corrupt_manifests": corrupt_manifests,
         "incomplete_artifacts": incomplete,
-        "hint": _hint(report["corrupt"], corrupt_manifests, incomplete),
+        "broken_chains": broken_chains,
+        "store_damage": damage,
+        **({} if recompute is None else {"recompute": _recompute_summary(recomputed, recompute[1])}),
+        "commit_record": store.lmdb_tier.record_note or "matches the store",
+        "healthy": healthy,
+        "hint": _hint(healthy, damage, forged),
     }
 
 
-def _hint(num_corrupt: int, corrupt_manifests: list[str], incomplete: dict) -> str:
-    if not (num_corrupt or corrupt_manifests or incomplete):
-        return "every checked page and manifest verified"
+def _chain_problem(store: PageStore, art, seen: dict) -> str | None:
+    """Why `art`'s pages do not form its chain (None if they do); each page is read once per check."""
+    page_fp = verify_artifact(art)
+    parent, pos = "0" * 64, 0
+    for key in art.page_keys:
+        if key not in seen:
+            try:
+                page = store.lmdb_tier.get(key)
+            except CorruptPageError as exc:
+                return f"page {key}: {exc.reason}"
+            except PageNotFoundError:
+                page = None
+            if page is None:
+                return f"page {key} vanished during the check"
+            seen[key] = (page.parent_key, page.start, page.fingerprint, page.num_tokens)
+        p_parent, p_start, p_fp, n = seen[key]
+        if p_parent != parent or p_start != pos or p_fp != page_fp:
+            return f"page {key} does not follow the page before it (parent, position or fingerprint differs)"
+        parent, pos = key, pos + n
+    return None if pos == art.num_tokens else f"its pages hold {pos} tokens, the manifest says {art.num_tokens}"
+
+
+def _recompute(store: PageStore, art, lm, fraction: float, *, seed: str) -> dict[str, Any]:
+    from tieredkv.artifacts.manifest import iter_pages
+    from tieredkv.artifacts.recompute import Recomputer, RecomputeMismatchError, why_not_recomputable
+
+    why = why_not_recomputable(lm, art)
+    if why is not None:
+        return {"artifact": art.artifact_id, "pages": len(art.page_keys), "pages_recomputed": 0, "skipped": why}
+    rec = Recomputer(lm, art, fraction, seed)
+    try:
+        for page in iter_pages(store, art, local_only=True):
+            rec.feed(page)
+            if rec.is_done:
+                break
+    except RecomputeMismatchError:
+        pass
+    return rec.report()
+
+
+def _recompute_summary(rows: list[dict[str, Any]], fraction: float) -> dict[str, Any]:
+    pages = sum(r["pages"] for r in rows if "skipped" not in r)
+    done = sum(r["pages_recomputed"] for r in rows)
+    return {"fraction_asked": fraction, "artifacts_recomputed": sum("skipped" not in r for r in rows),
+            "artifacts_skipped": sum("skipped" in r for r in rows), "pages_recomputed": done,
+            "pages_in_recomputed_artifacts": pages,
+            "fraction_recomputed": round(done / pages, 4) if pages else 0.0,
+            "forged_artifacts": [r["artifact"] for r in rows if r.get("mismatches")], "artifacts": rows}
+
+
+def _hint(healthy: bool, damage: list[str], forged: list[str]) -> str:
+    if healthy:
+        return "every checked page and manifest verified, and the store matches its commit record"
+    if forged:
+        return (f"{len(forged)} artifacts hold pages that do not reproduce with this model in their own domain "
+                "(forged, or made by other software): do not graft them; delete them and deposit them again")
+    if damage:
+        return ("the store does not match its commit record: nothing more is written to it — restore it from a "
+                "backup, or re-import or re-deposit its artifacts into a new store")
     return ("corrupt bytes were quarantined and will not be served; re-import the affected artifacts from "
             "a verified file (`tieredkv import`) or deposit them again")

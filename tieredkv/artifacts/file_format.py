@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 
 from paging import PageLayout
-from paging.framing import PREFIX, pack_prefix, unpack_prefix
+from paging.framing import PREFIX, canonical_json, is_int, pack_prefix, strict_json, unpack_prefix
 from paging.page import MAX_HEADER_NBYTES as PAGE_MAX_HEADER_NBYTES
 from paging.errors import LayoutMismatchError
 from tieredkv.artifacts.artifact import MANIFEST_FORMAT, Artifact
@@ -117,10 +117,6 @@ class ArtifactHeader:
 
 
 # ----------------------------------------------------------------------------- writing
-def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
-
 
 def encode_header(art: Artifact, token_sha256: str, page_sections: list[tuple[int, str]]) -> bytes:
     """Prefix + header for `art`; `page_sections` are (nbytes, sha256) of each page blob in order.
@@ -189,19 +185,7 @@ def read_header(src: str | os.PathLike | BinaryIO) -> ArtifactHeader:
     return header
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        raise ValueError("duplicate keys")
-    return d
 
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _is_hex64(v: Any) -> bool:
@@ -221,8 +205,7 @@ def parse_header(raw: bytes, *, version: int = FILE_VERSION, data_offset: int = 
         raise bad("too many JSON containers or items for its size (not a header this build writes)")
     del skeleton
     try:
-        hdr = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates,
-                         parse_constant=_reject_constant)
+        hdr = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise bad(f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(hdr, dict) or set(hdr) != _HEADER_FIELDS:
@@ -246,7 +229,7 @@ def parse_header(raw: bytes, *, version: int = FILE_VERSION, data_offset: int = 
     tokens = _parse_token_section(hdr["token_ids"], art.num_tokens, bad)
     pages = _parse_page_sections(hdr["pages"], art, bad)
     data_nbytes = hdr["data_nbytes"]
-    if not _is_int(data_nbytes) or data_nbytes < 0:
+    if not is_int(data_nbytes) or data_nbytes < 0:
         raise bad(f"data_nbytes must be a non-negative int, got {data_nbytes!r}")
     _check_layout_of_sections([tokens, *pages], data_nbytes, bad)
     return ArtifactHeader(version, art, manifest, tokens, tuple(pages), data_offset, data_nbytes, digest)
@@ -267,7 +250,7 @@ def _parse_manifest(m: Any, bad) -> tuple[Artifact, bytes]:
         raise bad("model_fingerprint and token_ids_sha256 must be sha256 hexdigests")
     if not isinstance(art.domain, dict) or not isinstance(art.name, str) or not isinstance(art.layout, dict):
         raise bad("domain and layout must be objects, name a string")
-    if not (_is_int(m["tokens"]) and _is_int(m["page_size"]) and art.num_tokens >= 1 and art.page_size >= 1):
+    if not (is_int(m["tokens"]) and is_int(m["page_size"]) and art.num_tokens >= 1 and art.page_size >= 1):
         raise bad("tokens and page_size must be positive ints")
     try:
         layout = PageLayout.from_dict(art.layout)
@@ -293,7 +276,7 @@ def _parse_manifest(m: Any, bad) -> tuple[Artifact, bytes]:
 
 def _parse_offsets(entry: dict, what: str, bad) -> tuple[int, int]:
     off = entry["data_offsets"]
-    if not (isinstance(off, list) and len(off) == 2 and all(_is_int(o) for o in off)):
+    if not (isinstance(off, list) and len(off) == 2 and all(is_int(o) for o in off)):
         raise bad(f"{what}: data_offsets must be [begin, end] ints")
     begin, end = off
     if not 0 <= begin <= end:

@@ -19,18 +19,17 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import secrets
 import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
-import psutil
-
+from index.atomic_file import AtomicFile
+from index.atomic_file import check_target as _check_target
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from paging.page import is_valid_page
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
-from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, artifact_id, load_artifact
-from tieredkv.artifacts.artifact import chain_fingerprint as _chain_fingerprint
+from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, load_artifact
+from tieredkv.artifacts.manifest import verify_artifact
 from tieredkv.artifacts.file_format import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
                                     ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
                                     encode_header, iter_page_blobs, read_header, read_token_ids)
@@ -45,14 +44,20 @@ __all__ = ["ArtifactFormatError", "ArtifactIntegrityError", "ArtifactTruncatedEr
 
 
 # ----------------------------------------------------------------------------- export
-def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike, *,
+def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike | BinaryIO, *,
                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write artifact `artifact_id` (id or unique prefix) of `store` to `path`, atomically.
+
+    `path` is a regular file (replaced atomically) or a name that does not exist yet; a directory,
+    symlink, FIFO, socket or device is refused (ArtifactWriteError) before anything is read. A
+    binary stream (stdout) is written as it goes.
 
     Every page is read verified from the store (a corrupt page raises CorruptPageError and no
     file is written). Deterministic: the same artifact always gives the same bytes. Returns a
     summary with the file's size and SHA-256.
     """
+    if not hasattr(path, "write"):
+        check_target(Path(path))  # before any work; AtomicFile checks again just before the rename
     art = load_artifact(store, artifact_id)
     page_fp = chain_fingerprint(art)
     # Pass 1: verify the chain and size every page blob, so the header can go first.
@@ -68,11 +73,14 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike,
     tokens = _token_bytes(ids)
     header = encode_header(art, hashlib.sha256(tokens).hexdigest(), sections)
     digest = hashlib.sha256()
-    path = Path(path)
-    with _AtomicFile(path) as f:
+    nbytes = 0
+
+    def write_all(f: BinaryIO) -> None:
+        nonlocal nbytes
         for chunk in (header, tokens):
             f.write(chunk)
             digest.update(chunk)
+            nbytes += len(chunk)
         # Pass 2: the same pages again, streamed; the store is immutable per key, so a changed
         # blob means the store changed under us (an alarm, not a race to paper over).
         for i, (_, blob) in enumerate(_prefetch(_store_pages(store, art))):
@@ -80,10 +88,19 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike,
                 raise CorruptPageError(art.page_keys[i], "page bytes changed between the two export passes")
             f.write(blob)
             digest.update(blob)
+            nbytes += len(blob)
             if progress is not None:
                 progress(i + 1, len(art.page_keys))
-        nbytes = f.tell()
-    return {**art.summary(), "path": str(path), "file_bytes": nbytes, "file_sha256": digest.hexdigest(),
+
+    if hasattr(path, "write"):  # a stream (stdout): written as it goes, not atomically
+        write_all(path)
+        path.flush()
+        where = getattr(path, "name", "<stream>")
+    else:
+        where = Path(path)
+        with AtomicFile(where, ArtifactWriteError) as f:
+            write_all(f)
+    return {**art.summary(), "path": str(where), "file_bytes": nbytes, "file_sha256": digest.hexdigest(),
             "format_version": FILE_VERSION}
 
 
@@ -133,7 +150,7 @@ def verify_file(src: str | os.PathLike | BinaryIO, *,
 
 def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_fingerprint: str | None = None,
                     expected_domain: dict[str, Any] | None = None, allow_domain_mismatch: bool = False,
-                    progress: Callable[[int, int], None] | None = None) -> Artifact:
+                    progress: Callable[[int, int], None] | None = None, recompute=None) -> Artifact:
     """Verify the artifact file at `path` completely, then put its pages and manifest in `store`.
 
     Refused before anything is written: a malformed, truncated or altered file
@@ -141,7 +158,10 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
     model the store is bound to (ModelMismatchError), another determinism domain than
     `expected_domain` unless `allow_domain_mismatch` (DomainMismatchError), and stored pages or
     a manifest with the same key but other bytes (PageConflictError). Importing twice is a no-op.
+    `recompute` (a recompute.Recomputer for this artifact) sees every verified page in pass 1 and
+    refuses the file (RecomputeMismatchError) if a sampled page does not reproduce.
     """
+    _check_source(Path(path))
     header = read_header(path)
     art = header.artifact
     bound = store.get_meta(STORE_FINGERPRINT_META)
@@ -159,6 +179,8 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
         if stored is not None and stored != blob and is_valid_page(stored, page.key):
             raise PageConflictError(f"page {i} ({page.key}) is in store {store.path} with other bytes: the same "
                                     "token chain produced different KV — check the determinism domain")
+        if recompute is not None:
+            recompute.feed(page)
 
     header = verify_file(path, on_page=no_conflict)  # pass 1: nothing is written yet
     added: list[str] = []
@@ -193,6 +215,19 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
     return art
 
 
+def _check_source(path: Path) -> None:
+    """An artifact is read from a regular file: a directory cannot be read, and opening a FIFO would wait forever."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ArtifactFormatError(f"cannot read artifact file {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise ArtifactFormatError(f"{path} is {kind}; give an artifact file written by `tieredkv export`")
+
+
 def _check_manifest_slot(store: PageStore, art: Artifact, manifest: bytes) -> None:
     try:
         stored = store.get_manifest(art.artifact_id)
@@ -210,15 +245,10 @@ def chain_fingerprint(art: Artifact) -> str:
     Deposits key pages by the model fingerprint; TieredModel contexts by a regime fingerprint
     (model + retrieval config, recorded in the domain), with their own id scheme.
     """
-    try:
-        page_fp = _chain_fingerprint(art)
-    except (TypeError, ValueError) as exc:
-        raise ArtifactFormatError(f"bad artifact header: the domain's regime is invalid ({exc})") from None
-    want_id = artifact_id(page_fp, art.page_keys[-1], art.domain)
-    if art.artifact_id != want_id:
-        raise ArtifactIntegrityError(f"artifact id {art.artifact_id} does not match its model, domain and root "
-                                     f"hash (expected {want_id})")
-    return page_fp
+    def bad(reason: str, _cls=None) -> ArtifactIntegrityError:
+        return ArtifactIntegrityError(f"bad artifact: {reason}")
+
+    return verify_artifact(art, bad)
 
 
 def check_chain_page(art: Artifact, page_fp: str, i: int, page: Page) -> None:
@@ -275,73 +305,7 @@ def _prefetch(items: Iterator[T], depth: int = _PREFETCH_DEPTH) -> Iterator[T]:
         worker.join()
 
 
-class _AtomicFile:
-    """`with _AtomicFile(p) as f`: write `.p.<pid>.<rand>.tmp` next to p, fsync, rename, fsync the dir.
-
-    On any error the temp file is removed and ArtifactWriteError raised; a killed writer leaves
-    only its temp file (never a torn `p`), which the next writer of `p` removes.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-    def __enter__(self):
-        remove_stale_temps(self.path)
-        try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except OSError as exc:
-            raise ArtifactWriteError(f"cannot create {self.tmp}: {exc}") from exc
-        self.f = os.fdopen(fd, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self.f.flush()
-                os.fsync(self.f.fileno())
-            self.f.close()
-            if exc_type is None:
-                os.replace(self.tmp, self.path)
-                _fsync_dir(self.path.parent)
-        except OSError as err:
-            self._discard()
-            raise ArtifactWriteError(f"cannot write {self.path}: {err}; no file was left") from err
-        finally:
-            if exc_type is not None:
-                self._discard()
-        if isinstance(exc, OSError):
-            raise ArtifactWriteError(f"cannot write {self.path}: {exc}; no file was left") from exc
-
-    def _discard(self) -> None:
-        try:
-            self.f.close()
-        except OSError:
-            pass
-        try:
-            os.unlink(self.tmp)
-        except FileNotFoundError:
-            pass
-
-
-def remove_stale_temps(path: Path) -> list[str]:
-    """Remove temp files of `path` left by writers that no longer run (killed mid-export)."""
-    removed, head = [], f".{path.name}."
-    for name in os.listdir(path.parent):
-        parts = name[len(head):].split(".") if name.startswith(head) else []
-        if len(parts) == 3 and parts[0].isdigit() and parts[2] == "tmp" and not psutil.pid_exists(int(parts[0])):
-            try:
-                os.unlink(path.parent / name)
-                removed.append(str(path.parent / name))
-            except FileNotFoundError:
-                pass
-    return removed
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def check_target(path: Path) -> None:
+    """Refuse to replace anything but a regular file (index.atomic_file.check_target)."""
+    _check_target(path, ArtifactWriteError)
 

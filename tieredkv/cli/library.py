@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from tieredkv.cli.common import model_arg, open_store, print_json
+from tieredkv.cli.common import model_arg, open_store, positive_int, print_json, store_args
 
 VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> answer) or `package.module:name` "
                  "(a Verifier class or instance, or a function (problem, solution) -> bool)")
@@ -46,7 +46,7 @@ def cmd_solve(a) -> int:
 def cmd_list(a) -> int:
     from tieredkv.library.entries import LibraryIndex
 
-    with open_store(a.store) as store:
+    with open_store(a.store, must_exist=True) as store:
         index = LibraryIndex(store, a.library)
         entries = index.entries()
         version = index.version
@@ -68,10 +68,10 @@ def register(sub) -> None:
     def common(p, *, model: bool = True) -> None:
         if model:
             model_arg(p)
-            p.add_argument("--max-new-tokens", type=int, default=32, help="decode budget for a new problem")
-            p.add_argument("--confirm-tokens", type=int, default=4,
+            p.add_argument("--max-new-tokens", type=positive_int, default=32, help="decode budget for a new problem")
+            p.add_argument("--confirm-tokens", type=positive_int, default=4,
                            help="decode budget for a recurring problem (end-of-turn check)")
-        p.add_argument("--store", required=True)
+        store_args(p)
         p.add_argument("--library", default="default", help="library name inside the store (default: %(default)s)")
         p.add_argument("--json", action="store_true")
 

@@ -1,14 +1,22 @@
-"""The `tieredkv` command line. Each subcommand prints JSON or text; errors are one line that says what to do."""
+"""The `tieredkv` command line. Each subcommand prints JSON or text; errors are one line that says what to do.
+
+Exit status: 0 done; 1 a check or comparison found a problem (check, verify, recheck, library solve);
+2 an error (bad arguments or input, a refused operation), always as one line on stderr.
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from pathlib import Path
 
-from tieredkv.cli.common import model_arg as _model_arg, open_store as _open_store, print_json as _print
+from tieredkv.cli.common import (InputError, OneLineParser, int_at_least, model_arg as _model_arg, nonneg_int,
+                                 open_store as _open_store, positive_int, print_json as _print, read_text_file,
+                                 store_args)
 from tieredkv.errors import TieredKVError
 from paging.errors import PagingError
+
+DEBUG_ENV = "TIEREDKV_DEBUG"  # set to 1 to see the traceback of an unexpected error
 
 
 EXTENSIONS = ("tieredkv.cli.qa", "tieredkv.cli.portable", "tieredkv.cli.remote", "tieredkv.cli.library",
@@ -21,8 +29,8 @@ def cmd_deposit(a) -> int:
     from tieredkv.progress import token_bar
 
     if (a.file is None) == (a.text is None):
-        raise TieredKVError("give exactly one of FILE or --text")
-    text = a.text if a.text is not None else Path(a.file).read_text(encoding="utf-8")
+        raise InputError("give exactly one of FILE or --text")
+    text = a.text if a.text is not None else read_text_file(a.file, "FILE")
     lm = load_model(a.model)
     with _open_store(a.store) as store, token_bar("deposit", quiet=a.quiet) as bar:
         art = deposit(lm, text, store, page_size=a.page_size, name=a.name or (a.file or ""), progress=bar)
@@ -37,17 +45,29 @@ def cmd_graft(a) -> int:
     from tieredkv.models import load_model
 
     lm = load_model(a.model)
-    with _open_store(a.store) as store:
+    with _open_store(a.store, must_exist=True) as store:
         art = load_artifact(store, a.artifact)
+        new = lm.codec.encode(a.prompt)
+        _check_window(lm, art.num_tokens + len(new), a.max_new_tokens)
         cache = graft(lm, art, store, allow_domain_mismatch=a.allow_domain_mismatch)
         prefix = grafted_token_ids(store, art)
-    new = lm.codec.encode(a.prompt)
     ids = torch.tensor([prefix + new])
     with torch.inference_mode():
         out = lm.model.generate(ids, past_key_values=cache, max_new_tokens=a.max_new_tokens, do_sample=False,
                                 pad_token_id=lm.codec.eos_token_id)
     print(lm.codec.decode(out[0, ids.shape[1]:].tolist()))
     return 0
+
+
+def _check_window(lm, num_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a generation that would run past the model's trained window (positions it never saw)."""
+    window = getattr(lm.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if window is not None and num_tokens + max_new_tokens > window:
+        room = window - num_tokens
+        fix = f"lower --max-new-tokens to {room} or less" if room > 0 else "use a shorter artifact or prompt"
+        raise InputError(f"{num_tokens} tokens of context and prompt plus --max-new-tokens {max_new_tokens} run past "
+                         f"the model's window of {window} positions; {fix} (or use `tieredkv qa`, whose fixed "
+                         "position policy is made for beyond the window)")
 
 
 def cmd_verify(a) -> int:
@@ -76,7 +96,7 @@ def cmd_verify(a) -> int:
 
 
 def cmd_stats(a) -> int:
-    with _open_store(a.store) as store:
+    with _open_store(a.store, must_exist=True) as store:
         st = store.stats()
         st["artifacts"] = store.list_manifests()
     _print(st)
@@ -84,44 +104,45 @@ def cmd_stats(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tieredkv", description=__doc__)
+    p = OneLineParser(prog="tieredkv", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("deposit", help="prefill a text once and keep it as byte-exact KV pages")
     _model_arg(d)
-    d.add_argument("--store", required=True)
+    store_args(d)
     d.add_argument("file", nargs="?")
     d.add_argument("--text")
     d.add_argument("--name", default="")
-    d.add_argument("--page-size", type=int)
+    d.add_argument("--page-size", type=positive_int)
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_deposit)
 
     g = sub.add_parser("graft", help="graft a deposited artifact at its own positions and continue generating")
     _model_arg(g)
-    g.add_argument("--store", required=True)
-    g.add_argument("--artifact", required=True)
+    store_args(g, artifact="required")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=positive_int, default=32)
     g.add_argument("--allow-domain-mismatch", action="store_true",
                    help="graft across determinism domains (the byte-exact guarantee no longer holds)")
     g.set_defaults(fn=cmd_graft)
 
     v = sub.add_parser("verify", help="graft vs fresh: SHA-256 of logits, KL, argmax agreement over N samples")
     _model_arg(v)
-    v.add_argument("--tokens", type=int, default=256, help="prefix length, varied per sample (default 256)")
-    v.add_argument("--samples", type=int, default=50)
-    v.add_argument("--continuation", type=int, default=16)
-    v.add_argument("--shift", type=int, default=0, help="graft K positions away (keys re-rotated) to measure drift")
-    v.add_argument("--page-size", type=int)
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--tokens", type=int_at_least(2), default=256,
+                   help="prefix length, varied per sample (default 256)")
+    v.add_argument("--samples", type=positive_int, default=50)
+    v.add_argument("--continuation", type=positive_int, default=16)
+    v.add_argument("--shift", type=nonneg_int, default=0,
+                   help="graft K positions away (keys re-rotated) to measure drift")
+    v.add_argument("--page-size", type=positive_int)
+    v.add_argument("--seed", type=nonneg_int, default=0)
     v.add_argument("--json", action="store_true")
     v.add_argument("--rows", action="store_true", help="include per-sample rows (hashes) in the output")
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(fn=cmd_verify)
 
     s = sub.add_parser("stats", help="pages, bytes per tier, integrity summary")
-    s.add_argument("--store", required=True)
+    store_args(s)
     s.set_defaults(fn=cmd_stats)
 
     # Further command groups live in their own modules, each with `register(subparsers)`.
@@ -131,12 +152,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. NOTE: the one error boundary of the CLI: whatever fails, the user gets one line
+    on stderr and exit status 2 (set TIEREDKV_DEBUG=1 to see the traceback of an unexpected error)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # usage error (one line, already printed) or --help: its status, as a return value
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.fn(args)
-    except (TieredKVError, PagingError, FileNotFoundError) as e:
-        print(f"tieredkv: error: {type(e).__name__}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("tieredkv: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the boundary: every failure becomes one line
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(error_line(e), file=sys.stderr)
         return 2
+
+
+def error_line(e: BaseException) -> str:
+    """One line naming what failed and what to do."""
+    text = " ".join(str(e).split()) or "(no message)"
+    if isinstance(e, (TieredKVError, PagingError)) or type(e).__module__.startswith(("index", "paging", "tieredkv")):
+        return f"tieredkv: error: {type(e).__name__}: {text}"
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if getattr(e, "filename", None) and str(e.filename) not in text else ""
+        return f"tieredkv: error: {type(e).__name__}: {text}{where}; check the path, its permissions and free space"
+    return (f"tieredkv: error: unexpected {type(e).__name__}: {text} — this is a bug in tieredkv; run again with "
+            f"{DEBUG_ENV}=1 for the traceback and report it")
 
 
 if __name__ == "__main__":

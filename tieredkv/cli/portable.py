@@ -1,26 +1,36 @@
 """CLI: `export`, `import` and `check` — moving artifacts between machines, and store integrity.
 
-    tieredkv export --store DIR --artifact ID -o FILE
-    tieredkv import FILE --store DIR [--model NAME [--allow-domain-mismatch]]
-    tieredkv check  --store DIR [--sample FRACTION] [--seed N]
+    tieredkv export --store DIR --artifact ID -o FILE|-
+    tieredkv import FILE --store DIR [--model NAME [--allow-domain-mismatch] [--verify-recompute FRACTION]]
+    tieredkv check  --store DIR [--sample FRACTION] [--seed N] [--recompute FRACTION --model NAME]
 
-`check` exits 1 when it finds corrupt pages or manifests, or artifacts whose pages are gone
-(quarantined earlier): the store cannot serve them until they are re-imported or re-deposited.
+`check` exits 1 when it finds corrupt pages or manifests, artifacts whose pages are gone
+(quarantined earlier) or do not chain, pages that do not reproduce (--recompute), or a store
+that does not match its commit record (rolled back): the store cannot serve them until they are
+re-imported or re-deposited.
 """
 from __future__ import annotations
 
-import argparse
+import json
 
-from tieredkv.cli.common import model_arg, open_store, print_json
+from tieredkv.cli.common import InputError, fraction, model_arg, nonneg_int, open_store, print_json, regular_file, store_args
 
 
 def cmd_export(a) -> int:
+    import sys
+
     from tieredkv.artifacts.portable import export_artifact
     from tieredkv.progress import count_bar
 
-    with open_store(a.store) as store, count_bar("export", None, unit="page", quiet=a.quiet) as bar:
-        summary = export_artifact(store, a.artifact, a.output, progress=bar)
-    print_json({**summary, "store": str(a.store)})
+    to_stdout = a.output == "-"
+    with open_store(a.store, must_exist=True) as store, \
+            count_bar("export", None, unit="page", quiet=a.quiet or to_stdout) as bar:
+        summary = export_artifact(store, a.artifact, sys.stdout.buffer if to_stdout else a.output, progress=bar)
+    summary = {**summary, "store": str(a.store)}
+    if to_stdout:  # the file went to stdout: the summary goes to stderr
+        print(json.dumps(summary, indent=2, sort_keys=True), file=sys.stderr)
+    else:
+        print_json(summary)
     return 0
 
 
@@ -28,59 +38,92 @@ def cmd_import(a) -> int:
     from tieredkv.artifacts.portable import import_artifact, read_header
     from tieredkv.progress import count_bar
 
-    expected_fp = expected_domain = None
+    path = regular_file(a.file, "artifact file")
+    expected_fp = expected_domain = recomputer = None
+    if a.verify_recompute is not None and a.model is None:
+        raise InputError("--verify-recompute needs --model (the model that recomputes the pages)")
+    if a.allow_domain_mismatch and a.model is None:
+        raise InputError("--allow-domain-mismatch needs --model (the domain to compare with)")
+    promise = "not checked (no --model): give --model to compare the artifact's domain with this machine's"
     if a.model is not None:
-        from tieredkv.domain import determinism_domain
+        from tieredkv.domain import determinism_domain, domain_differences
         from tieredkv.models import load_model
 
         lm = load_model(a.model)
-        page_size = read_header(a.file).artifact.page_size
-        expected_fp, expected_domain = lm.fingerprint, determinism_domain(lm.model, lm.fingerprint, page_size)
-    elif a.allow_domain_mismatch:
-        raise SystemExit("tieredkv import: --allow-domain-mismatch needs --model (the domain to compare with)")
+        art = read_header(path).artifact
+        expected_fp, expected_domain = lm.fingerprint, determinism_domain(lm.model, lm.fingerprint, art.page_size)
+        diffs = domain_differences(art.domain, expected_domain)
+        promise = ("same domain: grafts give logits byte-equal to a fresh computation here" if not diffs else
+                   f"another domain ({'; '.join(diffs)}): grafts run, but their logits are not promised to equal a "
+                   "fresh computation here, and the pages are not recomputable here")
+        if a.verify_recompute is not None:
+            if diffs:
+                raise InputError(f"--verify-recompute: the artifact was made in another determinism domain "
+                                 f"({'; '.join(diffs)}); its pages reproduce only in their own domain")
+            from tieredkv.artifacts.recompute import Recomputer
+
+            recomputer = Recomputer(lm, art, a.verify_recompute, seed=a.seed)
     with open_store(a.store) as store, count_bar("import", None, unit="page", quiet=a.quiet) as bar:
-        art = import_artifact(a.file, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
-                              allow_domain_mismatch=a.allow_domain_mismatch, progress=bar)
-    print_json({**art.summary(), "store": str(a.store), "file": str(a.file)})
+        art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
+                              allow_domain_mismatch=a.allow_domain_mismatch, progress=bar, recompute=recomputer)
+    out = {**art.summary(), "store": str(a.store), "file": str(a.file), "exactness": promise}
+    if recomputer is not None:
+        out["recompute"] = recomputer.report()
+    print_json(out)
     return 0
 
 
 def cmd_check(a) -> int:
     from tieredkv.artifacts.check import check_store
 
-    with open_store(a.store) as store:
-        report = check_store(store, sample=a.sample, seed=a.seed)
+    lm = None
+    if a.recompute is not None:
+        from tieredkv.models import load_model
+
+        lm = load_model(a.model)
+    from paging.errors import StoreIntegrityError
+
+    try:
+        store = open_store(a.store, must_exist=True, allow_damaged=True)
+    except StoreIntegrityError as exc:  # too damaged to open (truncated, no tree): still a report, not a crash
+        print_json({"store": a.store, "healthy": False, "opened": False, "store_damage": [" ".join(str(exc).split())],
+                    "hint": "the store cannot be read; restore it from a backup, or re-import or re-deposit its "
+                            "artifacts into a new store"})
+        return 1
+    with store:
+        report = check_store(store, sample=a.sample, seed=a.seed, recompute=None if lm is None else (lm, a.recompute))
     print_json(report)
-    return 1 if report["corrupt"] or report["corrupt_manifests"] or report["incomplete_artifacts"] else 0
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"--sample must be in (0, 1], got {text}")
-    return value
+    return 0 if report["healthy"] else 1
 
 
 def register(sub) -> None:
     e = sub.add_parser("export", help="write an artifact to one portable, verified file")
-    e.add_argument("--store", required=True)
-    e.add_argument("--artifact", required=True, help="artifact id or unique prefix")
-    e.add_argument("-o", "--output", required=True, help="file to write (atomically replaced)")
+    store_args(e, artifact="required")
+    e.add_argument("-o", "--output", required=True, help="a new or regular file (atomically replaced), or - for "
+                   "standard output; directories, symlinks, FIFOs and devices are refused")
     e.add_argument("--quiet", action="store_true")
     e.set_defaults(fn=cmd_export)
 
     i = sub.add_parser("import", help="verify an artifact file completely, then add it to a store")
     i.add_argument("file")
-    i.add_argument("--store", required=True)
+    store_args(i)
     model_arg(i, default=None)
     i.add_argument("--allow-domain-mismatch", action="store_true",
                    help="import although --model runs in another determinism domain (no byte-exact guarantee)")
+    i.add_argument("--verify-recompute", type=fraction, metavar="FRACTION",
+                   help="recompute this fraction of the pages (seeded sample) with --model and refuse the file if "
+                        "one differs: catches a forged artifact, whose hashes all verify")
+    i.add_argument("--seed", type=nonneg_int, default=0, help="which pages --verify-recompute picks")
     i.add_argument("--quiet", action="store_true")
     i.set_defaults(fn=cmd_import)
 
-    c = sub.add_parser("check", help="re-hash stored pages; quarantine and report corrupt ones; exit 1 if any "
-                       "page or manifest is corrupt or an artifact lacks pages")
-    c.add_argument("--store", required=True)
-    c.add_argument("--sample", type=_fraction, default=1.0, help="fraction of pages to re-hash (default 1)")
-    c.add_argument("--seed", type=int, default=0, help="which pages a --sample below 1 picks")
+    c = sub.add_parser("check", help="re-hash stored pages, manifests and chains, compare the store with its commit "
+                       "record; quarantine and report what fails; exit 1 if anything is wrong")
+    store_args(c)
+    c.add_argument("--sample", type=fraction, default=1.0, help="fraction of pages to re-hash (default 1)")
+    c.add_argument("--seed", type=nonneg_int, default=0, help="which pages --sample and --recompute pick")
+    c.add_argument("--recompute", type=fraction, metavar="FRACTION",
+                   help="also recompute this fraction of each artifact's pages with --model (seeded sample) and "
+                        "compare the bytes: catches forged pages, whose hashes all verify")
+    model_arg(c)
     c.set_defaults(fn=cmd_check)

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import model_arg, print_json
+from tieredkv.cli.common import model_arg, nonneg_int, positive_int, print_json, read_text_file
 
 class _IngestBar:
     """tqdm bar with tokens/s, pages and bytes per tier."""
@@ -91,7 +91,7 @@ def cmd_qa(a) -> int:
     from tieredkv.qa import document_name, find_artifact, open_document, prompt_parts
     from tieredkv.tiered_model import TieredModel, working_set_bytes
 
-    document = Path(a.doc).read_text(encoding="utf-8") if a.doc else default_document()
+    document = read_text_file(a.doc, "--doc") if a.doc else default_document()
     question = a.question if a.question is not None else DEFAULT_QUESTION
     if not document.strip():
         raise EmptyInputError(f"the document {a.doc or '(default)'} is empty")
@@ -107,7 +107,7 @@ def cmd_qa(a) -> int:
     with PageStore(store_dir, store_cfg) as store:
         tm = TieredModel(lm, store, config)
         try:
-            art = None if a.reingest else find_artifact(store, name, tm.domain()["regime"])
+            art = None if a.reingest else find_artifact(store, name, tm.domain())
             if art is None:
                 tm.check_disk_budget(len(doc_ids) + len(q_ids) + a.max_new_tokens, budget_bytes=a.disk_budget)
             bar = _IngestBar(tm, len(doc_ids), a.quiet or art is not None)
@@ -168,26 +168,26 @@ def register(sub) -> None:
     p.add_argument("--doc", help="a UTF-8 text file (default: statements chapter of the Python language reference)")
     p.add_argument("--question", help="the question (default: %r)" % "What does the nonlocal statement do?")
     p.add_argument("--store", help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    p.add_argument("--page-size", type=int)
-    p.add_argument("--sink-pages", type=int, default=1)
-    p.add_argument("--local-pages", type=int, default=16)
-    p.add_argument("--topk-pages", type=int, help="per KV head (default: 16 under --position own, 8 under fixed)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
+    p.add_argument("--page-size", type=positive_int)
+    p.add_argument("--sink-pages", type=nonneg_int, default=1)
+    p.add_argument("--local-pages", type=positive_int, default=16)
+    p.add_argument("--topk-pages", type=positive_int, help="per KV head (default: 16 under --position own, 8 under fixed)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
     r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/reading.py)")
-    r.add_argument("--read-passages", type=int,
+    r.add_argument("--read-passages", type=nonneg_int,
                    help=f"places in the document the question reads afresh (default {QA_READING.passages}; 0: no "
                         "reading, attention retrieves from the stored pages)")
-    r.add_argument("--read-tokens", type=int,
+    r.add_argument("--read-tokens", type=positive_int,
                    help=f"tokens read around each place (default {QA_READING.passage_tokens})")
     r.add_argument("--read-signal", choices=READING_SIGNALS,
                    help=f"how pages are ranked to find the places (default {QA_READING.signal})")
-    r.add_argument("--reencode-pages", type=int,
+    r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")
-    p.add_argument("--disk-budget", type=int, help="bytes the store may use on disk (default: the free space)")
-    p.add_argument("--show-pages", type=int, default=3, help="how many read passages or retrieved pages to show")
+    p.add_argument("--disk-budget", type=positive_int, help="bytes the store may use on disk (default: the free space)")
+    p.add_argument("--show-pages", type=positive_int, default=3, help="how many read passages or retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")

@@ -1,4 +1,5 @@
-"""`tieredkv recheck`: re-run a report's recipe and compare its committed hashes."""
+"""`tieredkv recheck`: re-run a report's recipe; check its hashes (same domain) or its relations (another
+machine), and every claim it makes."""
 from __future__ import annotations
 
 from tieredkv.cli.common import print_json
@@ -16,10 +17,12 @@ def cmd_recheck(a) -> int:
 
 
 def register(sub) -> None:
-    r = sub.add_parser("recheck", help="re-run a report's recipe and confirm its committed output hashes")
+    r = sub.add_parser("recheck", help="re-run a report's recipe: committed hashes in the report's own domain, "
+                       "relations and claims anywhere")
     r.add_argument("report", help="a report JSON with a \"recheck\" block, or `tieredkv verify --json --rows` output")
     r.add_argument("--allow-domain-mismatch", action="store_true",
-                   help="re-run even if the report's determinism domain differs (no guarantee then)")
-    r.add_argument("--failures-only", action="store_true", help="list only the hashes that differ")
+                   help="accept a re-run with another model, dtype, attention or page size and check only what "
+                        "holds for any model (inputs, relations)")
+    r.add_argument("--failures-only", action="store_true", help="list only the checks that fail")
     r.add_argument("--json", action="store_true")
     r.set_defaults(fn=cmd_recheck)

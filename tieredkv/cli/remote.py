@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from tieredkv.cli.common import print_json
+from paging.errors import PageNotFoundError, PagingError
+from tieredkv.cli.common import print_json, store_args
+from tieredkv.errors import TieredKVError
 
 
 def _tier(url: str):
@@ -44,43 +46,112 @@ def cmd_ls(a) -> int:
 
 def cmd_push(a) -> int:
     from tieredkv.artifacts.artifact import load_artifact
+    from tieredkv.artifacts.manifest import iter_pages, parse_manifest
     from tieredkv.cli.common import open_store
 
     t = time.perf_counter()
     tier = _tier(a.remote)
-    with open_store(a.store) as store:
-        if a.artifact:
-            art = load_artifact(store, a.artifact)
-            keys, ids = list(art.page_keys), [art.artifact_id]
-        else:
-            keys, ids = list(store.lmdb_tier.keys()), store.list_manifests()
-        num_bytes = 0
-        for i in range(0, len(keys), tier.config.batch_pages):
-            pages = store.get_many(keys[i:i + tier.config.batch_pages])  # verified locally first
-            tier.put_many(pages)
-            num_bytes += sum(p.nbytes for p in pages)
-        for artifact_id in ids:  # manifests after every page they name
-            tier.put_manifest(artifact_id, store.get_manifest(artifact_id))
-    tier.close()
+    try:
+        tier.ping()  # fail now, not half-way
+        with open_store(a.store, must_exist=True, remote_from_env=False) as store:
+            if a.artifact:
+                arts = [load_artifact(store, a.artifact)]
+            else:
+                arts = [parse_manifest(store.get_manifest(i), stored_as=i, where=store.path)
+                        for i in store.list_manifests()]
+            # NOTE: every manifest is verified and every page it names read back and chained before anything
+            # is sent: the server never names an artifact that a reader could not graft
+            incomplete = []
+            for art in arts:
+                try:
+                    for _ in iter_pages(store, art, local_only=True):
+                        pass
+                except (PagingError, TieredKVError) as exc:
+                    incomplete.append(f"{art.artifact_id} ({' '.join(str(exc).split())[:160]})")
+            if incomplete:
+                raise TieredKVError(f"not pushing: {len(incomplete)} artifacts of {a.store} are incomplete or broken: "
+                                    f"{'; '.join(incomplete[:3])} — `tieredkv check --store {a.store}` shows what "
+                                    "is wrong; re-import or re-deposit them, or push the sound ones with --artifact")
+            keys = list(dict.fromkeys(k for art in arts for k in art.page_keys)) if a.artifact else \
+                list(store.lmdb_tier.keys())
+            num_bytes = 0
+            for i in range(0, len(keys), tier.config.batch_pages):
+                pages = store.get_many(keys[i:i + tier.config.batch_pages])  # verified locally first
+                tier.put_many(pages)
+                num_bytes += sum(p.nbytes for p in pages)
+            for art in arts:  # manifests after every page they name
+                tier.put_manifest(art.artifact_id, store.get_manifest(art.artifact_id))
+    finally:
+        tier.close()
     print_json({"remote": tier.config.safe_url, "pages": len(keys), "payload_bytes": num_bytes,
-                "artifacts": ids, "seconds": round(time.perf_counter() - t, 3)})
+                "artifacts": [art.artifact_id for art in arts], "seconds": round(time.perf_counter() - t, 3)})
     return 0
 
 
 def cmd_pull(a) -> int:
-    from paging import PageStore, StoreConfig
-    from tieredkv.artifacts.artifact import load_artifact
+    from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META
+    from tieredkv.artifacts.manifest import ChainWalker, check_root, iter_pages, parse_manifest, read_back
+    from tieredkv.cli.common import open_store
+    from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError
 
     t = time.perf_counter()
-    with PageStore(a.store, StoreConfig(remote=a.remote)) as store:
-        art = load_artifact(store, a.artifact)  # the manifest, verified, kept locally
-        arrived = store.prefetch(art.page_keys)
-        store.get_many(art.page_keys)  # every page now local and verified, or a clear error
-        remote = store.stats()["remote"]
+    tier = _tier(a.remote)
+    try:
+        tier.ping()  # unreachable: one clear error, before the local store is touched
+        ids = tier.list_manifests()
+        matches = [i for i in ids if i == a.artifact] or [i for i in ids if i.startswith(a.artifact)]
+        if len(matches) != 1:
+            what = "ambiguous prefix" if matches else "no artifact"
+            raise ArtifactNotFoundError(f"{what} {a.artifact!r} on {tier.config.safe_url} ({len(ids)} artifacts "
+                                        f"there); `tieredkv remote ls --remote URL` lists them")
+        data = tier.get_manifest(matches[0])
+        art = parse_manifest(data, stored_as=matches[0], where=tier.config.safe_url)  # before anything is written
+        with open_store(a.store, remote_from_env=False) as store:
+            bound = store.get_meta(STORE_FINGERPRINT_META)
+            if bound is not None and bound != art.fingerprint:
+                raise ModelMismatchError(f"store {a.store}", bound, art.fingerprint)
+            # NOTE: the page that ends the artifact first (the manifest's token count against it), then every
+            # page in order, verified and chained before its batch is committed; the manifest last. Nothing is
+            # written for a manifest that does not hold, an interrupted pull leaves verified pages and no
+            # visible artifact, and the next pull fetches only what is missing.
+            check_root(art, _fetch(tier, store, art, [art.root_sha256])[0][0])
+            walker, arrived = ChainWalker(art), 0
+            for i in range(0, len(art.page_keys), tier.config.batch_pages):
+                pages, fetched = _fetch(tier, store, art, list(art.page_keys[i:i + tier.config.batch_pages]))
+                for page in pages:
+                    walker.step(page)
+                if fetched:
+                    store.put_many(fetched)  # one transaction per batch: a second pull resumes after it
+                    arrived += len(fetched)
+            if bound is None:
+                store.set_meta(STORE_FINGERPRINT_META, art.fingerprint)
+            for _ in iter_pages(store, art, local_only=True):  # every page in LMDB, verified and chained
+                pass
+            store.keep_manifest(art.artifact_id, data)
+            read_back(store, art)
+            remote = dict(tier.counters)
+    finally:
+        tier.close()
     print_json({"artifact": art.artifact_id, "pages": len(art.page_keys), "pages_pulled": arrived,
                 "bytes_pulled": remote["bytes_got"], "corrupt_detected": remote["corrupt_detected"],
                 "store": a.store, "seconds": round(time.perf_counter() - t, 3)})
     return 0
+
+
+def _fetch(tier, store, art, keys: list[str]):
+    """(pages of `keys` in order, the ones that came from the server): local copies are used as they are."""
+    local = {k: store.lmdb_tier.get(k) for k in keys}
+    need = [k for k in keys if local[k] is None]
+    pages, corrupt = tier.fetch(need) if need else ([], {})
+    if corrupt:
+        raise next(iter(corrupt.values()))
+    lost = [k for k, p in zip(need, pages) if p is None]
+    if lost:
+        raise PageNotFoundError(f"page {lost[0]} of artifact {art.artifact_id} is not on {tier.config.safe_url} "
+                                f"({len(lost)} missing in this batch; evicted or never pushed): nothing of the "
+                                "artifact was made visible — push it again from a store that holds it")
+    got = dict(zip(need, pages))
+    return [local[k] or got[k] for k in keys], pages
 
 
 def register(sub) -> None:
@@ -99,11 +170,9 @@ def register(sub) -> None:
     p.set_defaults(fn=cmd_ls)
     p = rsub.add_parser("push", help="upload a local store's pages and manifests (or one artifact)")
     url_arg(p)
-    p.add_argument("--store", required=True)
-    p.add_argument("--artifact", help="only this artifact (id or unique prefix)")
+    store_args(p, artifact="optional")
     p.set_defaults(fn=cmd_push)
     p = rsub.add_parser("pull", help="download an artifact (manifest + pages, verified) into a local store")
     url_arg(p)
-    p.add_argument("--store", required=True)
-    p.add_argument("--artifact", required=True)
+    store_args(p, artifact="required")
     p.set_defaults(fn=cmd_pull)

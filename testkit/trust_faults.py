@@ -1,0 +1,454 @@
+"""The faults of issue 16 ("Trust"), shared by tests/test_trust_*.py and bench/fault_suite.py.
+
+Each injection damages a copy of a store, a manifest, an artifact file or an input the way the issue
+found, then drives the code a user would (open, check, graft, import, the CLI) in a child process, so
+that a SIGBUS or a crash ends the child and is counted instead of ending the run. Outcomes:
+
+    detected   a typed error (or `check` says not healthy and names the problem)
+    survived   the damage changed nothing that is read: every artifact loads, verified and complete
+    crashed    the child died of a signal                                  (must be 0)
+    lost       wrong contents were served, imported or called healthy      (must be 0)
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from testkit.faults import MODEL, PAGE_SIZE, REPO, store_config
+
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+PAGE = 4096  # LMDB's page size on this platform
+META_NBYTES = 152  # page header (16) + MDB_meta up to and including mm_txnid
+
+
+# ----------------------------------------------------------------------------- children
+def call(runner, target, args: tuple, timeout: float = 60.0) -> dict[str, Any]:
+    """`target(*args, out)` in a forked child (testkit.faults.ForkRunner); {"outcome": "crashed"} if it dies."""
+    out = runner.ctx.Queue()
+    p = runner.ctx.Process(target=target, args=(*args, out))
+    p.start()
+    try:
+        waited = 0.0
+        while True:
+            try:
+                return out.get(timeout=0.1)
+            except queue.Empty:
+                waited += 0.1
+                if p.exitcode is not None or waited > timeout:
+                    if p.exitcode is None:
+                        p.kill()
+                    p.join(5)
+                    return {"outcome": "crashed", "exitcode": p.exitcode}
+    finally:
+        p.join(30)
+
+
+def cli_many(*commands: list[str], timeout: int = 240) -> list[dict]:
+    """Run each `tieredkv` command through the real entry point in one fresh interpreter; per command its
+    exit status, stdout and stderr. A child killed by a signal raises (the caller counts it)."""
+    code = textwrap.dedent("""
+        import contextlib, io, json, sys
+        from tieredkv.cli.main import main
+        out = []
+        for argv in json.loads(sys.argv[1]):
+            o, e = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+                try:
+                    rc = main(argv)
+                except SystemExit as exc:
+                    rc = exc.code
+            out.append({"argv": argv, "rc": rc, "out": o.getvalue(), "err": e.getvalue()})
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(commands))], capture_output=True, text=True,
+                          env=ENV, cwd=REPO, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"CLI child ended with {proc.returncode}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def is_one_line_error(result: dict) -> bool:
+    lines = [line for line in result["err"].splitlines() if line.strip()]
+    return result["rc"] == 2 and len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in result["err"]
+
+
+# ----------------------------------------------------------------------------- audit in a child
+def open_and_audit_target(store_path: str, expected: dict[str, str], out) -> None:
+    """Open the store as a user would, then check it: what was refused, served or called healthy.
+
+    `expected`: artifact id -> root page key of every artifact the store must hold."""
+    from paging import PageStore
+    from paging.errors import PagingError
+    from tieredkv.artifacts.artifact import load_artifact, load_pages
+    from tieredkv.artifacts.check import check_store
+    from tieredkv.errors import TieredKVError
+
+    try:
+        store = PageStore(store_path, store_config())
+    except (PagingError, TieredKVError) as exc:
+        out.put({"outcome": "detected", "error": type(exc).__name__, "message": str(exc)[:300]})
+        return
+    try:
+        with store:
+            served = {}
+            for artifact_id in store.list_manifests():
+                try:
+                    art = load_artifact(store, artifact_id)
+                    load_pages(store, art)
+                    served[artifact_id] = art.root_sha256
+                except (PagingError, TieredKVError):
+                    pass
+            healthy = check_store(store)["healthy"]
+    except (PagingError, TieredKVError) as exc:
+        out.put({"outcome": "detected", "error": type(exc).__name__, "message": str(exc)[:300]})
+        return
+    if served == expected and healthy:
+        out.put({"outcome": "survived"})
+    elif not healthy:
+        out.put({"outcome": "detected", "error": "check: not healthy"})
+    else:
+        out.put({"outcome": "lost", "served": served})
+
+
+def artifact_roots(store_path: Path) -> dict[str, str]:
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import load_artifact
+
+    with PageStore(store_path, store_config()) as s:
+        return {a: load_artifact(s, a).root_sha256 for a in s.list_manifests()}
+
+
+def current_meta_offset(store_path: Path) -> int:
+    import lmdb
+
+    env = lmdb.open(str(store_path), max_dbs=4, readonly=True)
+    try:
+        return PAGE * (env.info()["last_txnid"] % 2)
+    finally:
+        env.close()
+
+
+def flip_byte_bit(path: Path, offset: int, bit: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ (1 << bit)]))
+
+
+def damaged_store_run(runner, template: Path, work: Path, damage, expected: dict[str, str]) -> dict[str, Any]:
+    """Copy `template` to `work`, apply `damage(work)`, open and audit it in a child."""
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(template, work)
+    damage(work)
+    result = call(runner, open_and_audit_target, (str(work), expected))
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# ----------------------------------------------------------------------------- lock.mdb deleted
+def paused_deposit_target(store_path: str, text: str, paused, resume, out) -> None:
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import deposit
+    from tieredkv.models import load_model
+
+    lm = load_model(MODEL)
+    done = []
+
+    def progress(n: int, total: int) -> None:
+        if n >= 3 * PAGE_SIZE and not done:
+            done.append(1)
+            paused.set()
+            resume.wait(60)
+
+    try:
+        with PageStore(store_path, store_config()) as store:
+            art = deposit(lm, text, store, page_size=PAGE_SIZE, progress=progress)
+        out.put({"outcome": "deposited", "artifact": art.artifact_id})
+    except Exception as exc:  # noqa: BLE001 - the parent classifies it
+        out.put({"outcome": "error", "error": type(exc).__name__, "message": str(exc)[:300]})
+
+
+def lock_deleted_run(runner, lm, template: Path, work: Path, texts: tuple[str, str]) -> dict[str, Any]:
+    """A deposit pauses half-way; lock.mdb is deleted; a second deposit runs to the end; the first resumes.
+
+    ok: the first refuses with StoreLockError, the store is healthy and holds the second artifact complete."""
+    from paging import PageStore
+    from tieredkv.artifacts.artifact import deposit, graft
+    from tieredkv.artifacts.check import check_store
+
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(template, work)
+    before = artifact_roots(work)
+    paused, resume, out = runner.ctx.Event(), runner.ctx.Event(), runner.ctx.Queue()
+    p = runner.ctx.Process(target=paused_deposit_target, args=(str(work), texts[0], paused, resume, out))
+    p.start()
+    try:
+        if not paused.wait(120):
+            raise RuntimeError("the first deposit never reached its pause")
+        (work / "lock.mdb").unlink()
+        with PageStore(work, store_config()) as s:
+            second = deposit(lm, texts[1], s, page_size=PAGE_SIZE)
+        resume.set()
+        first = out.get(timeout=120)
+    finally:
+        p.join(30)
+    with PageStore(work, store_config()) as s:
+        report = check_store(s)
+        held = set(s.list_manifests())
+        graft(lm, second.artifact_id, s)
+    shutil.rmtree(work, ignore_errors=True)
+    ok = (first.get("error") == "StoreLockError" and report["healthy"]
+          and set(held) == set(before) | {second.artifact_id})
+    return {"ok": ok, "first": first, "healthy": report["healthy"], "lost": not set(before) <= set(held)}
+
+
+# ----------------------------------------------------------------------------- damaged keys
+def key_offsets(data: bytes, key: bytes) -> list[int]:
+    """Where LMDB stores `key` as a key: in a leaf node, right after its u16 LE size."""
+    size = len(key).to_bytes(2, "little")
+    out, i = [], data.find(key)
+    while i >= 0:
+        if data[i - 2:i] == size:
+            out.append(i)
+        i = data.find(key, i + 1)
+    return out
+
+
+def damaged_key_target(store_path: str, out) -> None:
+    from paging import PageStore, StoreConfig
+    from tieredkv.artifacts.check import check_store
+
+    try:
+        with PageStore(store_path, StoreConfig(allow_damaged=True)) as s:
+            first = check_store(s)
+            second = check_store(s)
+        out.put({"outcome": "detected" if not (first["healthy"] or second["healthy"]) else "lost",
+                 "error": "reported by check",
+                 "damaged_keys": len(first["damaged_keys"]), "corrupt_manifests": len(first["corrupt_manifests"])})
+    except Exception as exc:  # noqa: BLE001
+        out.put({"outcome": "error", "error": type(exc).__name__, "message": str(exc)[:300]})
+
+
+# ----------------------------------------------------------------------------- manifests
+def tampered_manifests(a, b) -> dict[str, tuple[str, bytes]]:
+    """(stored under, bytes) of manifests that must all be refused; `a`, `b`: two genuine Artifacts."""
+    def body(art, **change) -> bytes:
+        d = json.loads(art.to_json())
+        d.update(change)
+        return json.dumps(d, sort_keys=True).encode()
+
+    out = {"another document's manifest, renamed": (a.artifact_id, body(b, artifact=a.artifact_id)),
+           "stored under another id": ("x" + a.artifact_id[1:], a.to_json()),
+           "not canonical (indented)": (a.artifact_id, json.dumps(json.loads(a.to_json()), indent=1).encode()),
+           "not JSON": (a.artifact_id, b"\x00garbage"),
+           "domain edited": (a.artifact_id, body(a, domain={**a.domain, "num_threads": 99})),
+           "tokens edited": (a.artifact_id, body(a, tokens=a.num_tokens - 1)),
+           "pages reversed": (a.artifact_id, body(a, pages=list(reversed(a.page_keys))))}
+    for k in range(1, len(a.page_keys)):
+        keys = list(a.page_keys[:k])
+        out[f"cut to {k} pages"] = (a.artifact_id, body(a, pages=keys, tokens=k * a.page_size, root_sha256=keys[-1]))
+    return out
+
+
+def manifest_run(lm, store_path: Path, stored_as: str, data: bytes) -> dict[str, Any]:
+    """Put a tampered manifest in the store; graft, export and check must all refuse or report it."""
+    from paging import PageStore
+    from paging.errors import PagingError
+    from tieredkv.artifacts.artifact import graft
+    from tieredkv.artifacts.check import check_store
+    from tieredkv.artifacts.portable import export_artifact
+    from tieredkv.errors import TieredKVError
+
+    with PageStore(store_path, store_config()) as s:
+        genuine = s.get_manifest(stored_as) if stored_as in s.list_manifests() else None
+        if genuine is not None:
+            s.delete_manifest(stored_as)
+        s.put_manifest(stored_as, data)
+        refused = []
+        for what, fn in (("graft", lambda: graft(lm, stored_as, s)),
+                         ("export", lambda: export_artifact(s, stored_as, store_path.parent / "x.tkva"))):
+            try:
+                fn()
+                refused.append(False)
+            except (PagingError, TieredKVError):
+                refused.append(True)
+        report = check_store(s)
+        s.delete_manifest(stored_as)
+        if genuine is not None:
+            s.put_manifest(stored_as, genuine)  # as it was, for the next case
+    named = stored_as in report["corrupt_manifests"] or stored_as in report["broken_chains"]
+    detected = all(refused) and named and not report["healthy"]
+    return {"detected": detected, "refused": refused}
+
+
+# ----------------------------------------------------------------------------- forgery
+def forge_file(genuine: Path, forged: Path, page_index: int, lm=None) -> None:
+    """One number of one page's K/V changed, every hash of the file recomputed (the key does not move).
+
+    With `lm`, every later page is recomputed honestly on top of the forged one (a consistent forgery): then
+    only recomputing the forged page itself can tell."""
+    from paging import Page
+    from tieredkv.artifacts.file_format import encode_header
+    from tieredkv.artifacts.portable import read_header
+
+    raw = genuine.read_bytes()
+    header = read_header(genuine)
+    base = header.data_offset
+    tokens = raw[base + header.token_ids.begin:base + header.token_ids.end]
+    blobs = [raw[base + s.begin:base + s.end] for s in header.pages]
+    pages = [Page.from_bytes(b) for b in blobs]
+    k, v = pages[page_index].kv()
+    k = [x.clone() for x in k]
+    k[0][0, 0, 0] += 1e-3
+    p = pages[page_index]
+    pages[page_index] = Page.seal(p.layout, p.fingerprint, p.parent_key, p.start, p.token_ids, k, v)
+    if lm is not None:
+        pages[page_index + 1:] = _recomputed_after(lm, pages, page_index, header.artifact.page_size)
+    blobs = [page.to_bytes() for page in pages]
+    sections = [(len(b), hashlib.sha256(b).hexdigest()) for b in blobs]
+    forged.write_bytes(encode_header(header.artifact, hashlib.sha256(tokens).hexdigest(), sections) + tokens
+                       + b"".join(blobs))
+
+
+def _recomputed_after(lm, pages: list, index: int, page_size: int) -> list:
+    import torch
+
+    from paging import Page
+    from tieredkv.artifacts.artifact import _fill_cache, prefill
+    from tieredkv.artifacts.capture import CaptureCache
+
+    cache = CaptureCache(lm.model.config)
+    _fill_cache(cache, pages[:index + 1], lm.model.device)
+    out = []
+    with torch.inference_mode():
+        for p in pages[index + 1:]:
+            prefill(lm, list(p.token_ids), cache, start=p.start, page_size=page_size)
+            k, v = cache.take()
+            out.append(Page.seal(p.layout, p.fingerprint, p.parent_key, p.start, p.token_ids, k, v))
+    return out
+
+
+def forged_import_run(lm, forged: Path, store_path: Path, fraction: float, seed: int) -> dict[str, Any]:
+    """Import a forged file with recomputation: refused (nothing written) or, at a fraction < 1, missed."""
+    from paging import PageStore
+    from tieredkv.artifacts.portable import import_artifact, read_header
+    from tieredkv.artifacts.recompute import Recomputer, RecomputeMismatchError
+
+    shutil.rmtree(store_path, ignore_errors=True)
+    rec = Recomputer(lm, read_header(forged).artifact, fraction, seed)
+    with PageStore(store_path, store_config()) as s:
+        try:
+            import_artifact(forged, s, recompute=rec)
+            caught = False
+        except RecomputeMismatchError:
+            caught = True
+        written = s.lmdb_tier.num_pages + len(s.list_manifests())
+    shutil.rmtree(store_path, ignore_errors=True)
+    return {"caught": caught, "written_when_caught": written if caught else None,
+            "fraction_recomputed": len(rec.checked) / len(rec.art.page_keys)}
+
+
+# ----------------------------------------------------------------------------- export targets
+def special_targets(root: Path) -> dict[str, Path]:
+    """A FIFO, a symlink to a regular file, a directory and (as root) a character device like /dev/null."""
+    root.mkdir(parents=True, exist_ok=True)
+    targets = {}
+    os.mkfifo(root / "fifo")
+    targets["FIFO"] = root / "fifo"
+    (root / "target.txt").write_text("keep")
+    (root / "link").symlink_to(root / "target.txt")
+    targets["symlink"] = root / "link"
+    (root / "dir").mkdir()
+    targets["directory"] = root / "dir"
+    with contextlib.suppress(PermissionError):
+        os.mknod(root / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        targets["device node"] = root / "null"
+    return targets
+
+
+def node_kind(path: Path) -> str:
+    mode = os.lstat(path).st_mode
+    return ("symlink" if stat.S_ISLNK(mode) else "FIFO" if stat.S_ISFIFO(mode) else "directory"
+            if stat.S_ISDIR(mode) else "device node" if stat.S_ISCHR(mode) else "file")
+
+
+# ----------------------------------------------------------------------------- bad command-line input
+def bad_cli_inputs(tmp_path: Path, store: Path, artifact_id: str) -> dict[str, tuple[list[str], str, str]]:
+    """Issue 16 case 11: name -> (argv, the error it must give, words its one line must hold).
+
+    `store` holds artifact `artifact_id` (tiny-llama); files the inputs need are made under `tmp_path`."""
+    from tieredkv.models import load_model
+
+    art_id = artifact_id
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(b"\x00\x01\x02 not text")
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    no_config = tmp_path / "empty-model"
+    no_config.mkdir()
+    no_tokenizer = tmp_path / "model-without-tokenizer"
+    load_model("tiny-llama").model.save_pretrained(no_tokenizer)
+    a_file = tmp_path / "plain-file"
+    a_file.write_text("x")
+    a_list = tmp_path / "list.json"
+    a_list.write_text("[1, 2]")
+    missing = tmp_path / "mistyped-store"
+    dep = ["deposit", "--model", "tiny-llama", "--store", str(tmp_path / "new"), "--quiet"]
+    qa = ["qa", "--model", "tiny-llama", "--store", str(tmp_path / "qa"), "--quiet"]
+    cases = {
+        "binary FILE": (dep + [str(binary)], "InputError", "is binary"),
+        "non-UTF-8 FILE": (dep + [str(latin)], "InputError", "not UTF-8"),
+        "directory FILE": (dep + [str(tmp_path)], "InputError", "is a directory"),
+        "binary --doc": (qa + ["--doc", str(binary)], "InputError", "is binary"),
+        "directory --doc": (qa + ["--doc", str(tmp_path)], "InputError", "is a directory"),
+        "--page-size -1": (dep + ["--text", "hi", "--page-size", "-1"], "tieredkv deposit", ">= 1"),
+        "--page-size 0": (dep + ["--text", "hi", "--page-size", "0"], "tieredkv deposit", ">= 1"),
+        "--max-new-tokens -1": (["graft", "--model", "tiny-llama", "--store", str(store), "--artifact",
+                                 art_id, "--prompt", "x", "--max-new-tokens", "-1"], "tieredkv graft", ">= 1"),
+        "verify --samples 0": (["verify", "--model", "tiny-llama", "--samples", "0"], "tieredkv verify", ">= 1"),
+        "qa --local-pages 0": (qa + ["--local-pages", "0"], "tieredkv qa", ">= 1"),
+        "qa --topk-pages 0": (qa + ["--topk-pages", "0"], "tieredkv qa", ">= 1"),
+        "qa --show-pages 0": (qa + ["--show-pages", "0"], "tieredkv qa", ">= 1"),
+        "model dir without config": (dep[:1] + ["--model", str(no_config)] + dep[3:] + ["--text", "hi"],
+                                     "ModelNotFoundError", "no config.json"),
+        "model dir without tokenizer": (dep[:1] + ["--model", str(no_tokenizer)] + dep[3:] + ["--text", "hi"],
+                                        "ModelNotFoundError", "tokenizer"),
+        "--store is a file": (["deposit", "--model", "tiny-llama", "--store", str(a_file), "--text", "hi",
+                               "--quiet"], "PagingError", "cannot open store"),
+        "--store under a file": (["deposit", "--model", "tiny-llama", "--store", str(a_file / "s"), "--text",
+                                  "hi", "--quiet"], "PagingError", "cannot open store"),
+        "remote port 99999": (["remote", "ping", "--remote", "redis://127.0.0.1:99999/0"], "PagingError",
+                              "a port is 1-65535"),
+        "unknown URL parameter": (["remote", "ping", "--remote", "redis://127.0.0.1:6379/0?colour=blue"],
+                                  "PagingError", "unknown remote URL parameter 'colour'"),
+        "recheck a JSON list": (["recheck", str(a_list)], "RecheckError", "not a report object"),
+        "recheck a directory": (["recheck", str(tmp_path)], "RecheckError", "is a directory"),
+        "import a directory": (["import", str(tmp_path), "--store", str(tmp_path / "imp")], "InputError",
+                               "is a directory"),
+        "check a mistyped path": (["check", "--store", str(missing)], "InputError", "does not exist"),
+        "stats a mistyped path": (["stats", "--store", str(missing)], "InputError", "does not exist"),
+        "push a mistyped path": (["remote", "push", "--store", str(missing), "--remote",
+                                  "redis://127.0.0.1:1/0?retries=0&connect_timeout=0.2"], "RemoteUnavailableError",
+                                 "unreachable"),
+        "graft past the window": (["graft", "--model", "tiny-llama", "--store", str(store), "--artifact",
+                                   art_id, "--prompt", "x", "--max-new-tokens", "100000"], "InputError",
+                                  "run past the model's window"),
+    }
+    return cases
+
+
+__all__ = ["call", "cli_many", "is_one_line_error", "damaged_store_run", "lock_deleted_run", "key_offsets",
+           "damaged_key_target", "tampered_manifests", "manifest_run", "forge_file", "forged_import_run",
+           "special_targets", "node_kind", "current_meta_offset", "flip_byte_bit", "artifact_roots",
+           "bad_cli_inputs"]
