@@ -157,9 +157,9 @@ class PageIndex:
             return out_ids, out_scores
         if self.method == "minmax":
             page_ids, upper, lower = self._layer_bounds(layer)
+            scores = quest_bound(q, upper, lower)  # [H, N]: every head in one pass
             for h in range(self.num_heads):
-                scores = quest_bound(q[h], upper[h], lower[h])  # [N]
-                ids, best = _top_pages(page_ids, scores, k, exclude)
+                ids, best = _top_pages(page_ids, scores[h], k, exclude)
                 out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
         else:
             q_mean = q.mean(axis=1, dtype=np.float64).astype(np.float32)  # [H, D]
