@@ -30,7 +30,7 @@ import re
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -91,6 +91,22 @@ def _header_digest(fields: dict[str, Any]) -> str:
 def _canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False).encode("ascii")
+
+
+class PageHeader(NamedTuple):
+    """Every field of a page but its payload: what a reader needs to place and check the bytes."""
+
+    key: str
+    parent_key: str
+    fingerprint: str
+    start: int
+    token_ids: tuple[int, ...]
+    layout: PageLayout
+    payload_sha256: str
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -212,12 +228,31 @@ class Page:
         NOTE: every length read from `buf` is checked against len(buf) before use, so
         a hostile header cannot make us allocate.
         """
+        header, payload = cls.open_bytes(buf, expected_key=expected_key)
+        if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
+            raise CorruptPageError(expected_key, "payload_sha256 mismatch: the payload was altered")
+        return cls(*header, payload=bytes(payload))
+
+    @staticmethod
+    def open_bytes(buf: bytes | bytearray | memoryview, *,
+                   expected_key: str | None = None) -> tuple[PageHeader, memoryview]:
+        """Parse and check a page's framing and header, without hashing its payload.
+
+        Returns the header and a zero-copy view of the payload. NOTE: the payload is NOT verified
+        yet: check sha256(payload) == header.payload_sha256 before the bytes are used (`from_bytes`
+        does; restore.py hashes while it copies). Any other failure raises CorruptPageError.
+        """
         try:
             return _parse(memoryview(buf).cast("B"), expected_key)
         except CorruptPageError:
             raise
         except (PagingError, ValueError, TypeError, RecursionError, struct.error) as exc:
             raise CorruptPageError(expected_key, f"{type(exc).__name__}: {exc}") from None
+
+    @property
+    def header(self) -> PageHeader:
+        return PageHeader(self.key, self.parent_key, self.fingerprint, self.start, self.token_ids,
+                          self.layout, self.payload_sha256)
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -235,7 +270,7 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _parse(mv: memoryview, expected_key: str | None) -> Page:
+def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memoryview]:
     def bad(reason: str) -> CorruptPageError:
         return CorruptPageError(expected_key, reason)
 
@@ -283,16 +318,14 @@ def _parse(mv: memoryview, expected_key: str | None) -> Page:
     want = layout.payload_nbytes(len(ids))
     if len(payload) != want:
         raise bad(f"payload is {len(payload)} bytes; layout expects {want}")
-    if hashlib.sha256(payload).hexdigest() != hdr["payload_sha256"]:
-        raise bad("payload_sha256 mismatch: the payload was altered")
     key = page_key(hdr["fingerprint"], hdr["parent_key"], ids, hdr["start"])
     if key != hdr["key"]:
         raise bad(f"key mismatch: header says {hdr['key']}, contents hash to {key}")
     if expected_key is not None and key != expected_key:
         raise bad(f"stored under {expected_key} but the page is {key}")
-    return Page(key=key, parent_key=hdr["parent_key"], fingerprint=hdr["fingerprint"],
-                start=hdr["start"], token_ids=tuple(ids), layout=layout,
-                payload_sha256=hdr["payload_sha256"], payload=bytes(payload))
+    # the payload's sha256 is checked by the caller (from_bytes, or restore.py while copying)
+    return PageHeader(key, hdr["parent_key"], hdr["fingerprint"], hdr["start"], tuple(ids), layout,
+                      hdr["payload_sha256"]), payload
 
 
 def is_valid_page(raw: bytes | memoryview, key: str) -> bool:
