@@ -195,9 +195,10 @@ def _copy_all(keys, host_hits, raws, counts, kv: torch.Tensor, layout: PageLayou
 
 def _restore_slow(store: "PageStore", keys: list[str], buffer, workers,
                   corrupt: dict[int, tuple[bytes, CorruptPageError]]) -> Restored:
-    """Every page through PageStore.get (verified; a remote heals or fills in), then copied."""
+    """Every page through PageStore.get (verified; a remote heals or fills in), then copied. One key at a
+    time, as a graft always read them: `PageStore.prefetch` is what batches a remote's round trips."""
     try:
-        pages = store.get_many(keys)
+        pages = [store.get(key) for key in keys]
     except PageNotFoundError:
         if corrupt:  # as PageStore.get: corrupt with no verified copy elsewhere is CorruptPageError
             raise next(iter(corrupt.values()))[1] from None

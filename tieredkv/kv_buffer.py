@@ -73,6 +73,10 @@ class WorkingSetBuffer:
         return 2 * self.k.numel() * self.k.element_size() + self.pos.numel() * self.pos.element_size()
 
     @property
+    def is_empty(self) -> bool:
+        return self.num_slot_tokens + self.num_tail == 0
+
+    @property
     def tail_keys(self) -> torch.Tensor:
         """[Hkv, t, D] view of the unsealed tokens (and the current chunk)."""
         p = self.num_slot_tokens

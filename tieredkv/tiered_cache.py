@@ -94,8 +94,8 @@ class TieredLayer(CacheLayerMixin):
         assert key_states.shape[0] == 1, "TieredModel runs one sequence (batch size 1)"
         if self.layer_idx == 0:
             self.owner.seal_full_pages()
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        if not self.is_initialized or (self.buffer.is_empty and self.buffer.device != key_states.device):
+            self.lazy_initialization(key_states, value_states)  # (or a context attached on the store's device)
         self.buffer.append(key_states, value_states)  # in place: no copy of the tail already there
         self.num_tokens += key_states.shape[-2]
         return key_states, value_states
