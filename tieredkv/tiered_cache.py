@@ -25,7 +25,7 @@ from tieredkv.errors import UnsupportedModelError
 from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
 from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.prefetch import Prefetcher
-from tieredkv.tiered_config import TieredConfig
+from tieredkv.tiered_config import REUSE_MIN_COSINE, TieredConfig
 from tieredkv.working_set import Span, build_mask, sliding_spans
 
 
@@ -291,7 +291,7 @@ class TieredCache(Cache):
         layer = self.layers[layer_idx]
         q = query.shape[2]
         end = layer.num_tokens
-        parts, shifts = layer.plan(query)
+        parts, shifts = self._plan_or_reuse(layer, query)
         self._prefetch_for(layer_idx + 1)
         self._last_selection[layer_idx] = [s.page_id for s, _ in parts]
         buffer = layer.buffer
@@ -305,6 +305,25 @@ class TieredCache(Cache):
         mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
                           q_offset=end - q)
         return k_all, v_all, mask
+
+    def _plan_or_reuse(self, layer: TieredLayer, query: torch.Tensor):
+        """`layer.plan(query)`, or with `config.reuse_steps` (approximate) a full-attention layer's previous
+        plan for a decode step: at most that many steps after a search, while the query stays close to the
+        one that searched (cosine >= REUSE_MIN_COSINE) and no page was sealed since."""
+        steps = self.config.reuse_steps
+        if not steps or query.shape[2] != 1 or layer.is_sliding or not self.retrieving:
+            return layer.plan(query)
+        q = query.reshape(-1).float()  # [Hq * D]
+        plans = self.__dict__.setdefault("_reuse_plans", {})  # layer -> its last searched plan
+        prev = plans.get(layer.layer_idx)
+        if (prev is not None and prev["num_pages"] == len(self.spans) and prev["age"] < steps
+                and float(torch.nn.functional.cosine_similarity(q, prev["query"], dim=0)) >= REUSE_MIN_COSINE):
+            prev["age"] += 1
+            self.fetch_counts["reused_plans"] = self.fetch_counts.get("reused_plans", 0) + 1
+            return prev["plan"]
+        plan = layer.plan(query)
+        plans[layer.layer_idx] = {"plan": plan, "query": q, "num_pages": len(self.spans), "age": 0}
+        return plan
 
     def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
