@@ -342,6 +342,11 @@ def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
         cand = np.flatnonzero(scores >= threshold)
         page_ids, scores = page_ids[cand], scores[cand]
     order = np.lexsort((page_ids, -scores))
+    if isinstance(exclude, (set, frozenset, list, tuple, range)):
+        # vectorised: drop excluded ids from the ranking, keep the first k (same result as the loop)
+        ranked = page_ids[order]
+        keep = order[~np.isin(ranked, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))][:k]
+        return page_ids[keep].astype(np.int64), scores[keep].astype(np.float32)
     ids, best = [], []
     for i in order:
         pid = int(page_ids[i])

@@ -67,10 +67,25 @@ def test_arrange_fills_only_slots_whose_key_or_place_changed():
     assert _arrange(buf, [a, b, c], (40, 43)) == [[0, 1, 2]]
     assert _arrange(buf, [a, d, c], (40, 43)) == [[1]]  # same length: c keeps its place
     assert _arrange(buf, [a, d, c], (40, 43)) == []  # unchanged: no work at all
-    assert _arrange(buf, [d, c], (40, 43)) == [[0, 1]]  # everything after a removal moves
+    assert _arrange(buf, [d, c], (40, 43)) == []  # a removal at the front: the base moves, not the bytes
     assert _arrange(buf, [d, c, SlotKey(8, 16, 0, 5, 0), a], (40, 43)) == [[2, 3]]  # grows; tail moves
     assert _arrange(buf, [d, c, SlotKey(8, 16, 0, 6, 0), a], (40, 43)) == [[2]]  # another shift: other bytes
     assert _arrange(buf, [SlotKey(0, 8, 3, 0, 0)], (40, 43)) == [[0]]  # a sliding window's partial page
+
+
+def test_arrange_keeps_the_largest_group_in_place():
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    buf.reset(100)
+    k, v = _page(100, 105)
+    buf.append(k[None], v[None])
+    pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 96, 8)]
+    assert _arrange(buf, pages[2:], (100, 105)) == [list(range(10))]
+    copied = buf.num_copied_tokens
+    # a page joins at the front: the ten after it and the tail stay where they are
+    assert _arrange(buf, pages[1:], (100, 105)) == [[0]] and buf.num_copied_tokens == copied + 8
+    # one leaves in the middle: the larger side stays, the smaller one is copied
+    kept = pages[1:5] + pages[6:]
+    assert _arrange(buf, kept, (100, 105)) == [[0, 1, 2, 3]]
 
 
 def test_growth_keeps_contents():
@@ -97,3 +112,7 @@ def test_attention_over_buffer_views_is_byte_equal_to_contiguous(q):
     assert torch.equal(sdpa(query, k, v, enable_gqa=True), sdpa(query, k.contiguous(), v.contiguous(), enable_gqa=True))
     w = torch.softmax(query @ rep(k).transpose(2, 3), -1)
     assert torch.equal(w @ rep(v), torch.softmax(query @ rep(k.contiguous()).transpose(2, 3), -1) @ rep(v.contiguous()))
+    # eager without GQA (no repeat_kv copy): the matmuls read the strided views themselves
+    q6 = torch.randn(1, 3, q, 16)
+    w = torch.softmax(q6 @ k.transpose(2, 3), -1) @ v
+    assert torch.equal(w, torch.softmax(q6 @ k.contiguous().transpose(2, 3), -1) @ v.contiguous())
