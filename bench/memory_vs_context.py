@@ -5,12 +5,23 @@ device tier's bytes (and peak CUDA memory when present), host RSS, LMDB bytes on
 decode ms/token. The plain HF model with its DynamicCache grows alongside as the peer until it
 exceeds its time or memory budget (attention over the whole context is quadratic).
 
+Ratios against the plain model are measured in the same time window, so that a busy neighbour on
+a shared machine slows both sides alike: plain reference caches at `--ref-contexts` are built
+first, and at each checkpoint every tiered decode step alternates with a plain step at the
+reference context (largest one <= the checkpoint), which is then rolled back; the last
+`--rate-window` ingest tokens before a checkpoint alternate chunk by chunk with a plain prefill
+chunk at the reference context (rolled back too). Ingest is reported both cumulative (tokens over
+all ingest seconds so far) and over that window (the rate at this context length).
+
     python bench/memory_vs_context.py --model tiny-llama --contexts 8192,...,1048576 --json
+    python bench/memory_vs_context.py --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
+        --ref-contexts 4096,8192 --no-plain
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -46,46 +57,128 @@ def cuda_peak() -> int | None:
     return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
 
 
+def sync() -> None:
+    """Wait for queued device work, so a timer measures it (no-op on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 @torch.inference_mode()
-def decode_ms(step, num_tokens: int) -> tuple[float, list[int]]:
-    """Median ms/token over `num_tokens` greedy steps of `step(token) -> next token`."""
-    times, out, tok = [], [], 0
+def decode_ms(step, num_tokens: int, ref_step=None) -> tuple[float, list[int], float | None]:
+    """Median ms/token over `num_tokens` greedy steps of `step(token) -> next token`; with `ref_step`
+    (a plain reference step, rolled back), each step alternates with one of it: (ms, ids, ref ms)."""
+    times, ref_times, out, tok = [], [], [], 0
     for _ in range(num_tokens):
         t0 = time.perf_counter()
         tok = step(tok)
         times.append(time.perf_counter() - t0)
         out.append(tok)
-    times.sort()
-    return 1000 * times[len(times) // 2], out
+        if ref_step is not None:
+            t0 = time.perf_counter()
+            ref_step(tok)
+            ref_times.append(time.perf_counter() - t0)
+    med = lambda xs: 1000 * sorted(xs)[len(xs) // 2]  # noqa: E731
+    return med(times), out, (med(ref_times) if ref_times else None)
 
 
-def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None):
+class PlainRef:
+    """Plain HF model + DynamicCache at fixed context lengths: decode steps and prefill chunks that
+    are rolled back after timing, so the reference stays at its context length."""
+
+    def __init__(self, lm, ids, contexts: list[int]):
+        from transformers import DynamicCache
+
+        self.lm, self.caches = lm, {}
+        for n in sorted(contexts):
+            cache = DynamicCache(config=lm.model.config)
+            prefill(lm, ids[:n], cache, page_size=512)
+            self.caches[n] = cache
+        self.ids = ids
+
+    def context_for(self, n: int) -> int | None:
+        fits = [c for c in self.caches if c <= n]
+        return max(fits) if fits else (min(self.caches) if self.caches else None)
+
+    @torch.inference_mode()
+    def _rolled_back(self, n: int, input_ids: torch.Tensor) -> None:
+        cache = self.caches[n]
+        saved = [(layer.keys, layer.values) for layer in cache.layers]
+        self.lm.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        sync()
+        for layer, (k, v) in zip(cache.layers, saved):
+            layer.keys, layer.values = k, v
+
+    def decode_step(self, n: int):
+        return lambda tok: self._rolled_back(n, torch.tensor([[int(tok) % 200 + 32]], device=self.lm.model.device))
+
+    def prefill_chunk_s(self, n: int, size: int = 512) -> float:
+        t0 = time.perf_counter()
+        self._rolled_back(n, torch.tensor([self.ids[n:n + size]], device=self.lm.model.device))
+        return time.perf_counter() - t0
+
+
+def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None, ref=None, rate_window=0):
     # NOTE: the device tier is sized to the largest working set (all layers), so it cannot grow
     # with context, and sink and local pages stay resident while retrieved pages change.
-    store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg),
+    store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg), device=str(lm.model.device),
                                              host_budget_bytes=host_budget))
     tm = TieredModel(lm, store, cfg)
+    chunk = tm.page_size * cfg.chunk_pages
     rows, pos, t_ingest = [], 0, 0.0
     for n in contexts:
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()  # cuda_peak_bytes: the peak while reaching this checkpoint
+        ref_n = ref.context_for(n) if ref is not None else None
+        # decode steps of earlier checkpoints count towards the context; the last `rate_window` tokens
+        # (whole chunks, on the canonical schedule) are timed chunk by chunk
+        window_start = max(tm.num_tokens, (n - rate_window) // chunk * chunk) if rate_window else n
         t0 = time.perf_counter()
-        need = n - tm.num_tokens  # decode steps of earlier checkpoints count towards the context
-        tm.prefill(ids[pos:pos + need])
-        pos += need
+        if window_start > tm.num_tokens:
+            k = window_start - tm.num_tokens
+            tm.prefill(ids[pos:pos + k])
+            sync()
+            pos += k
         t_ingest += time.perf_counter() - t0
+        win_s, ref_s = 0.0, []
+        while tm.num_tokens < n:
+            k = min(n, (tm.num_tokens // chunk + 1) * chunk) - tm.num_tokens
+            t0 = time.perf_counter()
+            tm.prefill(ids[pos:pos + k])
+            sync()
+            dt = time.perf_counter() - t0
+            pos += k
+            t_ingest += dt
+            win_s += dt
+            if ref_n is not None:
+                ref_s.append(ref.prefill_chunk_s(ref_n, chunk))
 
         def step(_tok, _tm=tm):
-            logits = _tm.forward(torch.tensor([[int(_tok) % 200 + 32]]), logits_to_keep=1).logits
+            logits = _tm.forward(torch.tensor([[int(_tok) % 200 + 32]], device=_tm.model.device), logits_to_keep=1).logits
             return int(logits[0, -1].argmax())
 
-        ms, out = decode_ms(step, decode_tokens)
+        ms, out, ref_ms = decode_ms(step, decode_tokens, ref.decode_step(ref_n) if ref_n is not None else None)
         st = store.stats()
-        row = {"system": "tiered", "context_tokens": n, "device_tier_bytes": st["device"]["bytes"],
-               "device_budget_bytes": st["device"]["budget_bytes"], "cuda_peak_bytes": cuda_peak(),
+        buffers = sum(layer.buffer.nbytes for layer in tm.cache.layers if layer.buffer is not None)
+        window = n - window_start
+        # device bytes: the working-set buffers (what attention reads) + the device tier (pages cached
+        # for them; only pages that changed are fetched, so it can be empty while everything fits)
+        row = {"system": "tiered", "context_tokens": n, "device_bytes": st["device"]["bytes"] + buffers,
+               "device_tier_bytes": st["device"]["bytes"],
+               "device_budget_bytes": st["device"]["budget_bytes"], "working_set_buffer_bytes": buffers,
+               "cuda_peak_bytes": cuda_peak(),
                "host_tier_bytes": st["host"]["bytes"], "host_budget_bytes": st["host"]["budget_bytes"],
                "host_rss_bytes": rss(),
                "disk_bytes": st["lmdb"]["disk_bytes"], "decode_ms_per_token": ms,
                "ingest_tokens_per_s": n / t_ingest, "pages": len(tm.cache.spans),
+               "retrieving": tm.cache.retrieving, "load_avg_1": round(os.getloadavg()[0], 2),
                "input_sha256": sha256_ids(ids[:pos]), "output_ids_sha256": sha256_ids(out)}
+        if window:
+            row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s})
+        if ref_n is not None:
+            row.update({"plain_ref_context": ref_n, "plain_ref_decode_ms_per_token": ref_ms,
+                        "decode_vs_plain_ref": ms / ref_ms})
+            if ref_s:
+                row["plain_ref_prefill_tokens_per_s"] = chunk * len(ref_s) / sum(ref_s)
         rows.append(row)
         log(row)
     tm.close()
@@ -105,14 +198,15 @@ def plain_rows(lm, ids, contexts, decode_tokens, budget_s, log):
         pos += need
 
         def step(tok, _c=cache):
-            out = lm.model(input_ids=torch.tensor([[int(tok) % 200 + 32]]), past_key_values=_c, use_cache=True,
+            out = lm.model(input_ids=torch.tensor([[int(tok) % 200 + 32]], device=lm.model.device), past_key_values=_c,
+                           use_cache=True,
                            logits_to_keep=1)
             return int(out.logits[0, -1].argmax())
 
         ms, out = decode_ms(step, decode_tokens)
         t_total += time.perf_counter() - t0
         kv = sum(l.keys.numel() * l.keys.element_size() * 2 for l in cache.layers if l.keys is not None)
-        row = {"system": "hf-dynamiccache", "context_tokens": n, "device_tier_bytes": kv, "cuda_peak_bytes": cuda_peak(),
+        row = {"system": "hf-dynamiccache", "context_tokens": n, "device_bytes": kv, "device_tier_bytes": kv, "cuda_peak_bytes": cuda_peak(),
                "host_rss_bytes": rss(), "disk_bytes": 0, "decode_ms_per_token": ms,
                "input_sha256": sha256_ids(ids[:pos]), "output_ids_sha256": sha256_ids(out)}
         rows.append(row)
@@ -125,6 +219,32 @@ def plain_rows(lm, ids, contexts, decode_tokens, budget_s, log):
     del cache
     gc.collect()
     return rows
+
+
+def ratio_checks(tiered: list[dict], cfg: TieredConfig) -> dict:
+    """The issue's ratios: decode against the plain model measured alongside, ingest at the largest
+    context against ingest at 8K (raw, and each normalised by the plain prefill reference rate)."""
+    out = {}
+    fits = [r for r in tiered if not r["retrieving"] and r.get("decode_vs_plain_ref")]
+    if fits:
+        r = fits[-1]
+        out["decode_fits_working_set_vs_plain"] = {"context": r["context_tokens"], "ratio": r["decode_vs_plain_ref"],
+                                                   "target_max": 1.10}
+    last = tiered[-1]
+    if last.get("decode_vs_plain_ref"):
+        out["decode_at_largest_vs_plain_ref"] = {"context": last["context_tokens"], "ref_context":
+                                                 last["plain_ref_context"], "ratio": last["decode_vs_plain_ref"],
+                                                 "target_max": 1.25 if last["plain_ref_context"] == 8192 else None}
+    at8k = next((r for r in tiered if r["context_tokens"] == 8192), None)
+    if at8k and at8k is not last and last.get("ingest_window_tokens_per_s") and at8k.get("ingest_window_tokens_per_s"):
+        raw = last["ingest_window_tokens_per_s"] / at8k["ingest_window_tokens_per_s"]
+        entry = {"context": last["context_tokens"], "ratio_window": raw, "target_min": 0.85,
+                 "ratio_cumulative": last["ingest_tokens_per_s"] / at8k["ingest_tokens_per_s"]}
+        if last.get("plain_ref_prefill_tokens_per_s") and at8k.get("plain_ref_prefill_tokens_per_s"):
+            entry["ratio_window_normalised"] = raw * (at8k["plain_ref_prefill_tokens_per_s"]
+                                                      / last["plain_ref_prefill_tokens_per_s"])
+        out["ingest_largest_vs_8k"] = entry
+    return out
 
 
 def plot(rows, path: Path, model: str) -> None:
@@ -140,7 +260,7 @@ def plot(rows, path: Path, model: str) -> None:
             continue
         x = [r["context_tokens"] for r in rs]
         label = "device KV (tiered)" if system == "tiered" else "KV (HF DynamicCache)"
-        ax1.plot(x, [r["device_tier_bytes"] / 2**20 for r in rs], style, label=label)
+        ax1.plot(x, [r.get("device_bytes", r["device_tier_bytes"]) / 2**20 for r in rs], style, label=label)
         if system == "tiered":
             ax1.plot(x, [r["disk_bytes"] / 2**20 for r in rs], "^:", label="LMDB on disk (tiered)")
         ax2.plot(x, [r["decode_ms_per_token"] for r in rs], style, label=system)
@@ -175,39 +295,58 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
+    ap.add_argument("--device", default="cpu", help="model and device tier (cuda: peak CUDA memory per checkpoint)")
+    ap.add_argument("--ref-contexts", default="",
+                    help="plain reference contexts (e.g. 4096,8192): decode and ingest ratios measured alongside")
+    ap.add_argument("--rate-window", type=int, default=0,
+                    help="ingest tokens before each checkpoint timed chunk by chunk (the rate at that context)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     out = Path(a.out or f"bench/results/memory_vs_context.{a.model}.json")
     lm = load_model(a.model)
+    lm.model.to(a.device)
     contexts = sorted(int(x) for x in a.contexts.split(","))
     ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
     cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     rows = []
+    load_start = os.getloadavg()
+    started = time.perf_counter()
+    ref_contexts = sorted(int(x) for x in a.ref_contexts.split(",") if x)
+    ref = PlainRef(lm, ids, ref_contexts) if ref_contexts else None
     with tempfile.TemporaryDirectory(prefix="tkv-mem-") as tmp:
         host = int(a.host_budget_gib * 2**30) if a.host_budget_gib else None
-        rows += tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log, host)
+        rows += tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log, host, ref=ref,
+                            rate_window=a.rate_window)
+    del ref
+    gc.collect()
     if not a.no_plain:
         rows += plain_rows(lm, ids, contexts, a.decode_tokens, a.plain_budget_s, log)
     tiered = [r for r in rows if r.get("system") == "tiered"]
     checks = {
-        "device_bytes_largest_over_smallest": tiered[-1]["device_tier_bytes"] / tiered[0]["device_tier_bytes"],
+        "device_bytes_largest_over_smallest": tiered[-1]["device_bytes"] / tiered[0]["device_bytes"],
         "decode_ms_largest_over_smallest": tiered[-1]["decode_ms_per_token"] / tiered[0]["decode_ms_per_token"],
+        **ratio_checks(tiered, cfg),
     }
     report = {"bench": "memory_vs_context", "model": lm.name, "model_fingerprint": lm.fingerprint,
               "config": {"tiered": cfg.regime(a.page_size), "args": vars(a)}, "environment": environment(),
-              "rows": rows, "checks": checks}
+              "load_average_1_5_15": {"start": load_start, "end": os.getloadavg()},
+              "seconds": round(time.perf_counter() - started, 1), "rows": rows, "checks": checks}
     png = out.with_suffix(".png")
     plot(rows, png, lm.name)
     report["plot"] = str(png)
     write_report(out, report, print_json=a.json)
-    print("\n| system | context | device bytes | host RSS | disk | decode ms/tok |\n|---|---|---|---|---|---|")
+    print("\n| system | context | device bytes | host RSS | disk | decode ms/tok | plain ref ms/tok (context) "
+          "| ingest tok/s (cumulative) | ingest tok/s (window) |\n|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "context_tokens" in r:
-            print(f"| {r['system']} | {r['context_tokens']:,} | {r['device_tier_bytes']/2**20:.1f} MiB | "
+            refd = (f"{r['plain_ref_decode_ms_per_token']:.1f} ({r['plain_ref_context']:,})"
+                    if r.get("plain_ref_decode_ms_per_token") else "-")
+            print(f"| {r['system']} | {r['context_tokens']:,} | {r['device_bytes']/2**20:.1f} MiB | "
                   f"{r['host_rss_bytes']/2**30:.2f} GiB | {r['disk_bytes']/2**30:.2f} GiB | "
-                  f"{r['decode_ms_per_token']:.1f} |")
+                  f"{r['decode_ms_per_token']:.1f} | {refd} | {r.get('ingest_tokens_per_s', 0):.1f} | "
+                  f"{r.get('ingest_window_tokens_per_s', 0):.1f} |")
     print(f"\nchecks: {checks}")
     return 0
 

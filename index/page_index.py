@@ -157,9 +157,9 @@ class PageIndex:
             return out_ids, out_scores
         if self.method == "minmax":
             page_ids, upper, lower = self._layer_bounds(layer)
+            scores = quest_bound(q, upper, lower)  # [H, N]: every head in one pass
             for h in range(self.num_heads):
-                scores = quest_bound(q[h], upper[h], lower[h])  # [N]
-                ids, best = _top_pages(page_ids, scores, k, exclude)
+                ids, best = _top_pages(page_ids, scores[h], k, exclude)
                 out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
         else:
             q_mean = q.mean(axis=1, dtype=np.float64).astype(np.float32)  # [H, D]
@@ -332,6 +332,11 @@ def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
         cand = np.flatnonzero(scores >= threshold)
         page_ids, scores = page_ids[cand], scores[cand]
     order = np.lexsort((page_ids, -scores))
+    if isinstance(exclude, (set, frozenset, list, tuple, range)):
+        # vectorised: drop excluded ids from the ranking, keep the first k (same result as the loop)
+        ranked = page_ids[order]
+        keep = order[~np.isin(ranked, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))][:k]
+        return page_ids[keep].astype(np.int64), scores[keep].astype(np.float32)
     ids, best = [], []
     for i in order:
         pid = int(page_ids[i])

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from .errors import PagingError
-from .page import Page
+from .page import Page, PageHeader
 from .tier import Tier
 
 
@@ -44,7 +45,7 @@ class HostTier(Tier):
             return False
         if self.is_pinned:
             buf = self._alloc_pinned(page.nbytes)
-            buf.copy_(torch.frombuffer(bytearray(page.payload), dtype=torch.uint8))
+            buf.numpy()[:] = np.frombuffer(page.payload, dtype=np.uint8)  # one copy, from the immutable bytes
             fields = {name: getattr(page, name) for name in
                       ("key", "parent_key", "fingerprint", "start", "token_ids", "layout",
                        "payload_sha256")}
@@ -61,6 +62,19 @@ class HostTier(Tier):
             return page
         fields, buf = self._pinned[key]
         return Page(**fields, payload=buf.numpy().tobytes())
+
+    def peek(self, key: str) -> tuple[PageHeader, memoryview | torch.Tensor] | None:
+        """The header and payload of `key` without copying it: the page's own bytes, or its pinned
+        uint8 buffer. Verified when admitted (`put` takes verified pages only), so readers do not
+        hash it again. NOTE: a view of the tier's memory; copy out of it before the page is removed."""
+        page = self._pages.get(key)
+        if page is not None:
+            return page.header, memoryview(page.payload)
+        entry = self._pinned.get(key)
+        if entry is None:
+            return None
+        fields, buf = entry
+        return PageHeader(**fields), buf
 
     @staticmethod
     def _alloc_pinned(nbytes: int) -> torch.Tensor:

@@ -14,13 +14,14 @@ it ends; grow the map only with no transaction open (hence `_lock`); open after 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
 import re
 import shutil
 import threading
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import lmdb
 
@@ -239,19 +240,54 @@ class LMDBTier(Tier):
                               f"used in {os.getpid()} after fork(); open it in the child "
                               f"(use the multiprocessing 'spawn' context)")
 
-    def _read(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+    def _read(self, fn: Callable[[lmdb.Transaction], T], *, buffers: bool = False) -> T:
+        # buffers=True: `fn` gets zero-copy views into the map, valid only until it returns
         self._check_process()
         with self._lock:
             self._writer.check_files()
             try:
-                with self._env.begin() as txn:
+                with self._env.begin(buffers=buffers) as txn:
                     return fn(txn)
             except lmdb.MapResizedError:  # another process grew the map: adopt its size
                 self._env.set_mapsize(0)
             except lmdb.ReadersFullError:  # maybe slots of killed processes
                 self._env.reader_check()
-            with self._env.begin() as txn:
+            with self._env.begin(buffers=buffers) as txn:
                 return fn(txn)
+
+    @contextlib.contextmanager
+    def views(self, keys: Sequence[str]) -> Iterator[list[memoryview | None]]:
+        """Zero-copy, UNVERIFIED views of the stored values of `keys` (None where absent), all from
+        one read transaction, for readers that verify while they copy (restore.py).
+
+        NOTE: the views point into the memory map and are valid only inside the `with` block: copy
+        out of them there, and let none escape. The block holds this tier's lock (the map cannot be
+        resized under the views); other threads may read the views meanwhile, but must not call
+        this tier. Report what fails verification with `quarantine`, successes with `note_verified`.
+        """
+        self._check_process()
+        with self._lock:
+            self._writer.check_files()
+            try:
+                txn = self._env.begin(buffers=True)
+            except (lmdb.MapResizedError, lmdb.ReadersFullError) as exc:  # as in `_read`
+                if isinstance(exc, lmdb.MapResizedError):
+                    self._env.set_mapsize(0)
+                else:
+                    self._env.reader_check()
+                txn = self._env.begin(buffers=True)
+            with txn:
+                db = self._dbs["pages"]
+                yield [txn.get(k.encode(), db=db) for k in keys]
+
+    def note_verified(self, num_pages: int) -> None:
+        """Count pages that a reader of `views` verified (stats()["integrity"]["verified_reads"])."""
+        self.verified_reads += num_pages
+
+    def quarantine(self, key: str, raw: bytes) -> bool:
+        """A reader found `raw` (the bytes stored under `key`, copied out of `views`) corrupt: move it
+        to quarantine, as `get` does. True if it was moved."""
+        return self._quarantine(key, raw)
 
     def _write(self, fn: Callable[[lmdb.Transaction], T], nbytes_hint: int = 0, *,
                forget_manifest: str | None = None) -> T:
@@ -388,15 +424,24 @@ class LMDBTier(Tier):
 
     def get(self, key: str) -> Page | None:
         """The verified page, or None. Corrupt bytes are quarantined and re-raised."""
-        raw = self.get_raw(key)
-        if raw is None:
-            return None
-        try:
-            page = Page.from_bytes(raw, expected_key=key)
-        except CorruptPageError:
+        def read(txn: lmdb.Transaction) -> tuple[Page | None, tuple[CorruptPageError, bytes] | None]:
+            # NOTE: verified on the zero-copy view, inside the transaction; then one copy of the
+            # payload (not a copy of the value and a second one of its payload)
+            view = txn.get(key.encode(), db=self._dbs["pages"])
+            if view is None:
+                return None, None
+            try:
+                return Page.from_bytes(view, expected_key=key), None
+            except CorruptPageError as exc:
+                return None, (exc, bytes(view))
+
+        page, failed = self._read(read, buffers=True)
+        if failed is not None:
+            exc, raw = failed
             self._quarantine(key, raw)
-            raise
-        self.verified_reads += 1
+            raise exc
+        if page is not None:
+            self.verified_reads += 1
         return page
 
     def contains(self, key: str) -> bool:

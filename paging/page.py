@@ -29,7 +29,7 @@ import re
 import struct
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -85,6 +85,22 @@ def page_key(fingerprint: str, parent_key: str, token_ids: Sequence[int], start:
 def _header_digest(fields: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the header fields (without `header_sha256`)."""
     return hashlib.sha256(canonical_json(fields)).hexdigest()
+
+
+class PageHeader(NamedTuple):
+    """Every field of a page but its payload: what a reader needs to place and check the bytes."""
+
+    key: str
+    parent_key: str
+    fingerprint: str
+    start: int
+    token_ids: tuple[int, ...]
+    layout: PageLayout
+    payload_sha256: str
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -179,10 +195,14 @@ class Page:
         kv = self._tensors(layer * self.layout.layer_nbytes(self.num_tokens), 1, device)
         return kv[0, 0], kv[0, 1]
 
+    def kv_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Every layer's K and V as one fresh tensor [num_layers, 2, Hkv, T, D]."""
+        return self._tensors(0, self.layout.num_layers, device)
+
     def kv(self, device: torch.device | str | None = None
            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(K, V) of every layer, each [Hkv, T, D] (fresh copies, one per page)."""
-        kv = self._tensors(0, self.layout.num_layers, device)
+        kv = self.kv_tensor(device)
         return [(kv[i, 0], kv[i, 1]) for i in range(self.layout.num_layers)]
 
     def _header_fields(self) -> dict[str, Any]:
@@ -206,6 +226,20 @@ class Page:
         NOTE: every length read from `buf` is checked against len(buf) before use, so
         a hostile header cannot make us allocate.
         """
+        header, payload = cls.open_bytes(buf, expected_key=expected_key)
+        if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
+            raise CorruptPageError(expected_key, "payload_sha256 mismatch: the payload was altered")
+        return cls(*header, payload=bytes(payload))
+
+    @staticmethod
+    def open_bytes(buf: bytes | bytearray | memoryview, *,
+                   expected_key: str | None = None) -> tuple[PageHeader, memoryview]:
+        """Parse and check a page's framing and header, without hashing its payload.
+
+        Returns the header and a zero-copy view of the payload. NOTE: the payload is NOT verified
+        yet: check sha256(payload) == header.payload_sha256 before the bytes are used (`from_bytes`
+        does; restore.py hashes while it copies). Any other failure raises CorruptPageError.
+        """
         try:
             return _parse(memoryview(buf).cast("B"), expected_key)
         except CorruptPageError:
@@ -213,11 +247,16 @@ class Page:
         except (PagingError, ValueError, TypeError, RecursionError, struct.error) as exc:
             raise CorruptPageError(expected_key, f"{type(exc).__name__}: {exc}") from None
 
+    @property
+    def header(self) -> PageHeader:
+        return PageHeader(self.key, self.parent_key, self.fingerprint, self.start, self.token_ids,
+                          self.layout, self.payload_sha256)
 
 
 
 
-def _parse(mv: memoryview, expected_key: str | None) -> Page:
+
+def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memoryview]:
     def bad(reason: str) -> CorruptPageError:
         return CorruptPageError(expected_key, reason)
 
@@ -264,16 +303,14 @@ def _parse(mv: memoryview, expected_key: str | None) -> Page:
     want = layout.payload_nbytes(len(ids))
     if len(payload) != want:
         raise bad(f"payload is {len(payload)} bytes; layout expects {want}")
-    if hashlib.sha256(payload).hexdigest() != hdr["payload_sha256"]:
-        raise bad("payload_sha256 mismatch: the payload was altered")
     key = page_key(hdr["fingerprint"], hdr["parent_key"], ids, hdr["start"])
     if key != hdr["key"]:
         raise bad(f"key mismatch: header says {hdr['key']}, contents hash to {key}")
     if expected_key is not None and key != expected_key:
         raise bad(f"stored under {expected_key} but the page is {key}")
-    return Page(key=key, parent_key=hdr["parent_key"], fingerprint=hdr["fingerprint"],
-                start=hdr["start"], token_ids=tuple(ids), layout=layout,
-                payload_sha256=hdr["payload_sha256"], payload=bytes(payload))
+    # the payload's sha256 is checked by the caller (from_bytes, or restore.py while copying)
+    return PageHeader(key, hdr["parent_key"], hdr["fingerprint"], hdr["start"], tuple(ids), layout,
+                      hdr["payload_sha256"]), payload
 
 
 def is_valid_page(raw: bytes | memoryview, key: str) -> bool:

@@ -32,6 +32,7 @@ from .lmdb_tier import LMDBTier
 from .page import Page
 from .policy import LRUPolicy
 from .remote_tier import REMOTE_MODES, RemoteConfig, RemoteLink, RemoteTier
+from .restore import Restored, restore_pages
 
 REMOTE_ENV = "TIEREDKV_REMOTE"
 
@@ -257,6 +258,23 @@ class PageStore:
         if page is not None:
             self._admit_host(page)
         return page
+
+    def restore(self, keys: Iterable[str], *, buffer: torch.Tensor | None = None,
+                workers: int | None = None) -> Restored:
+        """The K/V of `keys`, back to back, in one [L, 2, Hkv, N, D] host tensor (restore.py):
+        host-tier copies as they are, LMDB pages through zero-copy views, SHA-256-verified on all
+        cores while they are copied; pages only a remote holds, or whose bytes fail, through `get`.
+        `buffer`: reusable flat uint8 memory to restore into (no fresh pages to fault in)."""
+        return restore_pages(self, list(keys), buffer=buffer, workers=workers)
+
+    def touch_host(self, key: str) -> None:
+        """A reader used the host copy of `key` (LRU order)."""
+        self._host_lru.touch(key)
+
+    def drop_corrupt(self, key: str, raw: bytes) -> None:
+        """A reader found the LMDB bytes `raw` of `key` corrupt: quarantine them, drop cached copies."""
+        self._lmdb.quarantine(key, raw)
+        self._drop_copies(key)
 
     def _peek(self, key: str) -> Page | None:
         """A local copy without touching LRU order (the remote's write-back queue)."""

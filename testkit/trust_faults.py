@@ -325,11 +325,12 @@ def _recomputed_after(lm, pages: list, index: int, page_size: int) -> list:
     import torch
 
     from paging import Page
-    from tieredkv.artifacts.artifact import _fill_cache, prefill
+    from tieredkv.artifacts.artifact import install_kv, prefill
     from tieredkv.artifacts.capture import CaptureCache
 
     cache = CaptureCache(lm.model.config)
-    _fill_cache(cache, pages[:index + 1], lm.model.device)
+    for p in pages[:index + 1]:
+        install_kv(cache, p.kv_tensor(), lm.model.device)
     out = []
     with torch.inference_mode():
         for p in pages[index + 1:]:

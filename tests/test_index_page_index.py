@@ -181,3 +181,27 @@ def test_minmax_bounds_grow_incrementally_like_a_rebuild():
         batch = PageIndex(2, 2, 8, method="minmax")
         batch.add_many(list(range(i + 1)), s[: i + 1])
         assert got == batch.union_topk(i % 2, q, 4, exclude={0})
+
+
+def test_top_pages_vectorised_exclusion_equals_the_loop():
+    # _top_pages drops excluded ids with np.isin for sets; any other Container takes the loop
+    from index.page_index import _top_pages
+
+    class Opaque:  # a Container with no len() and no iteration: the loop path
+        def __init__(self, items):
+            self.items = set(items)
+
+        def __contains__(self, x):
+            return x in self.items
+
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        n = int(rng.integers(1, 300))
+        ids = rng.permutation(1000)[:n].astype(np.int64)
+        scores = rng.integers(-5, 5, n).astype(np.float32)  # many ties
+        excl = set(rng.choice(1000, int(rng.integers(0, 40)), replace=False).tolist())
+        k = int(rng.integers(1, 30))  # (search() answers k = 0 itself)
+        a_ids, a_best = _top_pages(ids, scores, k, excl)
+        b_ids, b_best = _top_pages(ids, scores, k, Opaque(excl))
+        assert a_ids.tolist() == b_ids.tolist() and a_best.tolist() == b_best.tolist(), trial
+        assert a_ids.dtype == np.int64 and a_best.dtype == np.float32

@@ -85,3 +85,16 @@ def test_quest_bound_is_upper_bound_of_true_max():
             q = queries[0].astype(np.float64)
             ref = np.maximum(q * mm[:, 0], q * mm[:, 1]).sum(axis=1)
             np.testing.assert_allclose(bound, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("q_len", [1, 3, 1536])
+def test_quest_bound_batched_over_heads_equals_one_call_per_head(q_len):
+    # PageIndex scores every KV head in one call; the bytes must be those of one call per head.
+    rng = np.random.default_rng(q_len)
+    heads, n = 3, 1027
+    upper = rng.standard_normal((heads, n, D)) * 3  # [H, N, D] float64, as PageIndex caches them
+    lower = upper - np.abs(rng.standard_normal((heads, n, D)))
+    queries = rng.standard_normal((heads, q_len, D)).astype(np.float32)  # [H, Q, D]
+    batched = quest_bound(queries, upper, lower)  # [H, N]
+    for h in range(heads):
+        assert np.array_equal(batched[h], quest_bound(queries[h], upper[h], lower[h]))

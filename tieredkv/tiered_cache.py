@@ -23,9 +23,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from tieredkv.errors import UnsupportedModelError
+from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
 from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.prefetch import Prefetcher
-from tieredkv.tiered_config import TieredConfig
+from tieredkv.tiered_config import REUSE_MIN_COSINE, TieredConfig
 from tieredkv.working_set import Span, build_mask, sliding_spans
 
 
@@ -50,14 +51,43 @@ class TieredLayer(CacheLayerMixin):
     sliding_window: int | None = None
 
     def __init__(self, owner: "TieredCache", layer_idx: int, **_layer_kwargs):
+        self.buffer: WorkingSetBuffer | None = None  # the working set on the device: slots, then the tail
         super().__init__()
         self.owner, self.layer_idx = owner, layer_idx
         self.num_tokens = 0  # absolute tokens written to this layer
 
+    # The tail (unsealed tokens + the current chunk) is a view of the buffer, right behind its slots.
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer.tail_keys  # [Hkv, t, D]
+
+    @keys.setter
+    def keys(self, states: torch.Tensor | None) -> None:
+        self._set_tail("k", states)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer.tail_values
+
+    @values.setter
+    def values(self, states: torch.Tensor | None) -> None:
+        self._set_tail("v", states)
+
+    def _set_tail(self, which: str, states: torch.Tensor | None) -> None:
+        """Replace the tail ([Hkv, t, D], ending at `num_tokens`); None (transformers' init) is nothing."""
+        if states is None:
+            return
+        b = self.buffer
+        if b is None or (b.dtype, b.device, b.num_kv_heads, b.head_dim) != (
+                states.dtype, states.device, states.shape[0], states.shape[-1]):
+            self.buffer = b = WorkingSetBuffer(states.shape[0], states.shape[-1], states.dtype, states.device)
+        b.set_tail(which, states, self.num_tokens - states.shape[1])
+
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states[0, :, :0]  # tail K: [Hkv, t, D]
-        self.values = value_states[0, :, :0]
+        # k: [1, Hkv, q, D]
+        self.buffer = WorkingSetBuffer(key_states.shape[1], key_states.shape[-1], self.dtype, self.device)
+        self.buffer.reset(self.num_tokens)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -65,17 +95,16 @@ class TieredLayer(CacheLayerMixin):
         assert key_states.shape[0] == 1, "TieredModel runs one sequence (batch size 1)"
         if self.layer_idx == 0:
             self.owner.seal_full_pages()
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat([self.keys, key_states[0]], dim=1)
-        self.values = torch.cat([self.values, value_states[0]], dim=1)
+        if not self.is_initialized or (self.buffer.is_empty and self.buffer.device != key_states.device):
+            self.lazy_initialization(key_states, value_states)  # (or a context attached on the store's device)
+        self.buffer.append(key_states, value_states)  # in place: no copy of the tail already there
         self.num_tokens += key_states.shape[-2]
         return key_states, value_states
 
     def drop_front(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.keys[:, :n], self.values[:, :n]
-        self.keys, self.values = self.keys[:, n:], self.values[:, n:]
-        return k, v
+        """The tail's first `n` tokens ([Hkv, n, D] views), now a sealed page: they stay where they are
+        in the buffer, as its last slot. NOTE: read them before this layer's next update."""
+        return self.buffer.seal_front(n)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # The attention function builds its own mask from absolute positions; keep transformers'
@@ -278,33 +307,65 @@ class TieredCache(Cache):
         return self.store.fetch_layer(key, layer, pin=pin)
 
     def working_set(self, layer_idx: int, query: torch.Tensor, kind: str) -> tuple[Any, Any, Any]:
-        """K, V ([1, Hkv, kv, D]) and mask for `query` ([1, Hq, q, D]) at this layer."""
+        """K, V ([1, Hkv, kv, D]) and mask for `query` ([1, Hq, q, D]) at this layer.
+
+        The layer's buffer keeps the previous working set in place: only pages that joined the
+        selection, or moved in it, are fetched and copied (kv_buffer.py)."""
         layer = self.layers[layer_idx]
         q = query.shape[2]
         end = layer.num_tokens
-        q_pos = torch.arange(end - q, end, device=query.device)
-        tail_start = end - layer.keys.shape[1]
-        parts, shifts = layer.plan(query)
+        parts, shifts = self._plan_or_reuse(layer, query)
         self._prefetch_for(layer_idx + 1)
         self._last_selection[layer_idx] = [s.page_id for s, _ in parts]
-        pin = {(self.page_keys[s.page_id], layer_idx) for s, _ in parts}
-        ks, vs, pos = [], [], []
-        for s, off in parts:
-            k, v = self.page_kv(s.page_id, layer_idx, pin)
-            ks.append(k[:, off:]), vs.append(v[:, off:])
-            # NOTE: own positions; a re-encoded page may hold only some of its tokens, from `first` on
-            first = self.reencoded_start[s.page_id] if self.reads_reencoded(s.page_id, layer_idx) else s.start
-            pos.append(torch.arange(first + off, first + k.shape[1], device=query.device))
-        if shifts:
-            self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
-        ks.append(layer.keys), vs.append(layer.values)
-        pos.append(torch.arange(tail_start, end, device=query.device))
-        k_all = torch.cat(ks, dim=1)[None] if len(ks) > 1 else layer.keys[None]
-        v_all = torch.cat(vs, dim=1)[None] if len(vs) > 1 else layer.values[None]
-        k_pos = torch.cat(pos) if len(pos) > 1 else pos[0]
+        buffer = layer.buffer
+        wanted = [self._slot_key(s, off, shifts.get(s.page_id, 0), layer_idx) for s, off in parts]
+        buffer.arrange(wanted, lambda idx: self._slot_kv([parts[i] for i in idx], shifts, layer_idx))
+        k_all, v_all, k_pos = buffer.views()
+        q_pos = torch.arange(end - q, end, device=query.device)
         mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
                           q_offset=end - q)
         return k_all, v_all, mask
+
+    def _plan_or_reuse(self, layer: TieredLayer, query: torch.Tensor):
+        """`layer.plan(query)`, or with `config.reuse_steps` (approximate) a full-attention layer's previous
+        plan for a decode step: at most that many steps after a search, while the query stays close to the
+        one that searched (cosine >= REUSE_MIN_COSINE) and no page was sealed since."""
+        steps = self.config.reuse_steps
+        if not steps or query.shape[2] != 1 or layer.is_sliding or not self.retrieving:
+            return layer.plan(query)
+        q = query.reshape(-1).float()  # [Hq * D]
+        plans = self.__dict__.setdefault("_reuse_plans", {})  # layer -> its last searched plan
+        prev = plans.get(layer.layer_idx)
+        if (prev is not None and prev["num_pages"] == len(self.spans) and prev["age"] < steps
+                and float(torch.nn.functional.cosine_similarity(q, prev["query"], dim=0)) >= REUSE_MIN_COSINE):
+            prev["age"] += 1
+            self.fetch_counts["reused_plans"] = self.fetch_counts.get("reused_plans", 0) + 1
+            return prev["plan"]
+        plan = layer.plan(query)
+        plans[layer.layer_idx] = {"plan": plan, "query": q, "num_pages": len(self.spans), "age": 0}
+        return plan
+
+    def _slot_key(self, s: Span, off: int, shift: int, layer_idx: int) -> SlotKey:
+        """What the slot of page span `s` (from token `off` on) holds at this layer. NOTE: own positions;
+        a re-encoded page may hold only some of its tokens ([reencoded_start, + its length))."""
+        if not self.reads_reencoded(s.page_id, layer_idx):
+            return SlotKey(s.start, s.end, off, shift, 0)
+        kv = self.reencoded[s.page_id]
+        first = self.reencoded_start[s.page_id]
+        source = self.layers[layer_idx].buffer.source_id(kv)
+        return SlotKey(first, first + kv[layer_idx][0].shape[1], off, shift, source)
+
+    def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """K, V ([Hkv, n, D]) of `parts` as attention reads them: from `offset` on, keys moved by their shift."""
+        pin = {(self.page_keys[s.page_id], layer_idx) for s, _ in parts}
+        ks, vs = [], []
+        for s, off in parts:
+            k, v = self.page_kv(s.page_id, layer_idx, pin)
+            ks.append(k[:, off:]), vs.append(v[:, off:])
+        if shifts:
+            self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
+        return list(zip(ks, vs))
 
     def last_selection(self, layer_idx: int) -> list[int]:
         """Page ids of the layer's most recent working set (sealed pages only), position order."""

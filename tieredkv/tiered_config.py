@@ -9,6 +9,7 @@ POSITION_POLICIES = ("own", "fixed")
 AUTO = "auto"  # TieredConfig(position=AUTO).resolve(model, num_tokens) picks one of POSITION_POLICIES
 SCORE_FRAMES = ("attended", "own")
 TOPK_DEFAULTS = {"own": 16, "fixed": 8}
+REUSE_MIN_COSINE = 0.95  # see TieredConfig.reuse_steps
 READING_SIGNALS = ("attention", "lexical", "hybrid")
 
 
@@ -79,6 +80,12 @@ class TieredConfig:
     # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves, find the
     # passages it is about and read them afresh right before it (tieredkv/reading.py). None: off.
     reading: ReadingConfig | None = None
+    # Approximate, off by default (0): a decode step (one query token) may attend to a full-attention
+    # layer's previous selection instead of searching again, for up to `reuse_steps` steps after a
+    # search, while the layer's query stays within cosine REUSE_MIN_COSINE of the query that searched
+    # and no page was sealed meanwhile (tiered_cache.py). Saves the search and the page copies of a
+    # changed selection; docs/PERFORMANCE.md measures what it does to answers.
+    reuse_steps: int = 0
 
     def __post_init__(self):
         from index import SUMMARY_METHODS
@@ -101,6 +108,8 @@ class TieredConfig:
             raise ValueError("write_batch must be >= 1")
         if self.reading is not None and (self.position == "own" or self.reencode_pages):
             raise ValueError("reading is for position='fixed' (or 'auto'), and replaces reencode_pages: give one")
+        if self.reuse_steps < 0:
+            raise ValueError(f"reuse_steps must be >= 0, got {self.reuse_steps}")
         if self.reencode_pages < 0 or (self.reencode_pages and self.position == "own"):
             raise ValueError(f"reencode_pages must be >= 0, and is for position='fixed' only "
                              f"(got {self.reencode_pages} with position={self.position!r})")
@@ -143,6 +152,8 @@ class TieredConfig:
         d.pop("write_batch")
         d.pop("reencode_pages")  # question-time only: the stored pages are the same bytes
         d.pop("reading")
+        if not self.reuse_steps:
+            d.pop("reuse_steps")  # exact selection: what regimes recorded before the field existed
         if self.position != "fixed" or self.score_frame == "own":
             # no effect under "own"; "own" is what fixed-policy regimes recorded before the field existed
             d.pop("score_frame")

@@ -2,22 +2,26 @@
 
     deposit:  ids ──canonical chunks──> model ──CaptureCache──> Page.seal ──> store (LMDB + host)
                                                                      └──> manifest (written last)
-    graft:    manifest ──> pages (SHA-256 verified, chain checked) ──> DynamicCache at positions [0, N)
+    graft:    manifest ──> PageStore.restore (SHA-256 verified on all cores, straight into per-layer
+              K/V tensors; chain checked) ──> DynamicCache at positions [0, N)
 
 NOTE: the manifest is committed after every page it names, in its own transaction, so a deposit
 killed half-way leaves verified pages and no visible artifact.
 """
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
-from paging.errors import ManifestNotFoundError
+from paging.restore import Restored
+from paging.errors import CorruptPageError, ManifestNotFoundError
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
@@ -122,6 +126,41 @@ def chain_fingerprint(art: Artifact) -> str:
     return TieredConfig(**{"score_frame": "own", **regime}).regime_fingerprint(art.fingerprint, art.page_size)
 
 
+class Behind:
+    """Run calls on one background thread, in order, at most `depth` waiting: `with Behind() as b:
+    b.submit(fn, ...)`. Leaving the block waits for every call; the first error is raised (at the next
+    submit or on leaving); after an error nothing else runs."""
+
+    def __init__(self, depth: int = 2):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tieredkv-seal")
+        self._pending: collections.deque = collections.deque()
+        self.depth = depth
+
+    def submit(self, fn: Callable[..., None], *args) -> None:
+        while len(self._pending) >= self.depth:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(fn, *args))
+
+    def __enter__(self) -> "Behind":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is not None:
+                for fut in self._pending:
+                    fut.cancel()
+            while self._pending:
+                fut = self._pending.popleft()
+                if not fut.cancelled() and exc_type is None:
+                    fut.result()
+                elif not fut.cancelled():
+                    fut.exception()  # wait: never leave a write running behind an error
+        finally:
+            self._pool.shutdown(wait=True)
+
+
 @torch.inference_mode()
 def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, page_size: int | None = None,
             name: str = "", progress: Callable[[int, int], None] | None = None) -> Artifact:
@@ -147,28 +186,36 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     cache = CaptureCache(lm.model.config)
     layout = None
     if num_reused:
-        pages = [store.get(k) for k in keys[:num_reused]]
-        layout = pages[0].layout
-        _fill_cache(cache, pages, lm.model.device)
+        restored = store.restore(keys[:num_reused])
+        layout = restored.headers[0].layout
+        install_kv(cache, restored.kv, lm.model.device)
     writer = PageWriter(store)
 
-    def seal(s: int, e: int, _out) -> None:
-        nonlocal layout
-        k, v = cache.take()
-        if layout is None:
-            layout = PageLayout(num_layers=len(k), num_kv_heads=k[0].shape[0], head_dim=k[0].shape[-1],
-                                dtype=str(k[0].dtype).replace("torch.", ""), page_size=page_size)
+    @torch.inference_mode()  # (the mode is per thread)
+    def seal_and_write(layout: PageLayout, s: int, e: int, k, v) -> None:
         i = s // page_size
         parent_key = keys[i - 1] if i else ROOT_KEY
         page = Page.seal(layout, fp, parent_key, s, ids[s:e], k, v)
         assert page.key == keys[i], "page key does not match the chain computed up front"
         writer.add(page)
+
+    def seal(s: int, e: int, _out) -> None:
+        nonlocal layout
+        k, v = cache.take()  # this chunk's K/V per layer: fresh tensors, not reused by the next forward
+        if layout is None:
+            layout = PageLayout(num_layers=len(k), num_kv_heads=k[0].shape[0], head_dim=k[0].shape[-1],
+                                dtype=str(k[0].dtype).replace("torch.", ""), page_size=page_size)
+        behind.submit(seal_and_write, layout, s, e, k, v)
         if progress is not None:
             progress(e, len(ids))
 
     start = num_reused * page_size if num_reused < len(keys) else len(ids)
-    with writer:
+    # NOTE: pages are sealed (copied, hashed) and written on one background thread, in order, while
+    # the model computes the next chunk: the LMDB commit's fsync and the hashing overlap the forward.
+    # Only that thread touches the store until `behind` is drained.
+    with Behind() as behind:
         prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)
+    writer.flush()
     if layout is None:  # everything was reused
         layout = store.get(keys[0]).layout
     root = keys[-1]
@@ -212,32 +259,61 @@ def load_pages(store: PageStore, art: Artifact) -> list[Page]:
     return pages
 
 
-def _fill_cache(cache: DynamicCache, pages: list[Page], device) -> None:
-    num_layers = pages[0].layout.num_layers
-    for layer in range(num_layers):
-        kv = [p.layer_kv(layer, device=device) for p in pages]
-        k = torch.cat([k for k, _ in kv], dim=1)[None]  # [1, Hkv, N, D]
-        v = torch.cat([v for _, v in kv], dim=1)[None]
-        cache.update(k, v, layer)
-    if isinstance(cache, CaptureCache):
-        cache.take()  # grafted K/V are not new pages
+def restore_artifact(store: PageStore, art: Artifact, *, buffer: torch.Tensor | None = None) -> Restored:
+    """Every page of `art` restored back to back (`PageStore.restore`: host copies as they are, LMDB
+    pages SHA-256-verified on all cores while copied), with the chain re-checked."""
+    store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
+    restored = store.restore(art.page_keys, buffer=buffer)
+    parent, pos = ROOT_KEY, 0
+    for header in restored.headers:
+        if header.parent_key != parent or header.start != pos:
+            raise CorruptPageError(header.key, f"breaks the chain of artifact {art.artifact_id} (parent or position "
+                                               "differs)")
+        parent, pos = header.key, pos + header.num_tokens
+    if pos != art.num_tokens:
+        raise CorruptPageError(art.root_sha256, f"artifact {art.artifact_id} pages hold {pos} tokens, manifest says "
+                                                f"{art.num_tokens}")
+    return restored
+
+
+def install_kv(cache: DynamicCache, kv: torch.Tensor, device) -> None:
+    """Put restored K/V (kv: [L, 2, Hkv, N, D]) into an empty cache as its first N tokens.
+
+    A plain `DynamicLayer` adopts the tensors as they are (what its `update` would hold, without
+    concatenating a copy); other layer kinds (sliding windows keep only their window) go through
+    `cache.update`. Grafted K/V are not new pages: a `CaptureCache` does not record them."""
+    for layer in range(kv.shape[0]):
+        k, v = kv[layer, 0][None], kv[layer, 1][None]  # [1, Hkv, N, D]
+        if torch.device(device) != k.device:
+            k, v = k.to(device, non_blocking=True), v.to(device, non_blocking=True)
+        target = cache.layers[layer] if layer < len(cache.layers) else None
+        if type(target) is DynamicLayer and not target.is_initialized:
+            target.lazy_initialization(k, v)
+            target.keys, target.values = k, v
+        else:
+            DynamicCache.update(cache, k, v, layer)  # not CaptureCache.update: nothing to capture
 
 
 def graft(lm: LoadedModel, artifact: Artifact | str, store: PageStore, *, allow_domain_mismatch: bool = False,
-          cache: DynamicCache | None = None) -> DynamicCache:
+          cache: DynamicCache | None = None, buffer: torch.Tensor | None = None) -> DynamicCache:
     """Load `artifact` into a fresh cache at its own positions `[0, N)`.
 
     The plain HF `forward()` / `generate()` then continue from position N, with logits byte-equal
     to a fresh prefill under the same chunk schedule.
+
+    `buffer`: reusable memory for the restored K/V (a flat uint8 CPU tensor of at least
+    `restore_nbytes(N, layout)` bytes), so a session that grafts often does not fault in fresh pages
+    each time. NOTE: on CPU the cache's layers are views of it until their first update (which
+    concatenates into new tensors): do not graft into the same buffer while such a cache is in use.
     """
     art = load_artifact(store, artifact) if isinstance(artifact, str) else artifact
     if art.fingerprint != lm.fingerprint:
         raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, lm.fingerprint)
     current = determinism_domain(lm.model, lm.fingerprint, art.page_size)
     check_domain(art.domain, current, allow_mismatch=allow_domain_mismatch, what=f"artifact {art.artifact_id}")
-    pages = load_pages(store, art)
+    restored = restore_artifact(store, art, buffer=buffer)
     cache = cache if cache is not None else DynamicCache(config=lm.model.config)
-    _fill_cache(cache, pages, lm.model.device)
+    install_kv(cache, restored.kv, lm.model.device)
     cache.tieredkv_artifact = art
     return cache
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from paging import Page
-from tieredkv.artifacts.artifact import Artifact, _fill_cache, prefill
+from tieredkv.artifacts.artifact import Artifact, install_kv, prefill
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import determinism_domain, domain_differences
 from tieredkv.errors import DomainMismatchError, ModelMismatchError, TieredKVError, UnsupportedModelError
@@ -83,7 +83,7 @@ class Recomputer:
         if i > self._last or self.mismatches:
             return
         if i not in self._todo:
-            _fill_cache(self._cache, [page], self.lm.model.device)
+            install_kv(self._cache, page.kv_tensor(), self.lm.model.device)
             return
         prefill(self.lm, list(page.token_ids), self._cache, start=page.start, page_size=self.art.page_size)
         k, v = self._cache.take()

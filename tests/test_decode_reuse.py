@@ -1,0 +1,38 @@
+"""TieredConfig.reuse_steps: approximate and opt-in; off, the selection is searched at every step."""
+import torch
+
+import tieredkv.tiered_cache as tiered_cache
+from paging import PageStore, StoreConfig
+from tieredkv.tiered_config import TieredConfig
+from tieredkv.tiered_model import TieredModel
+
+
+def _answer(lm, path, cfg, ids):
+    with PageStore(path, StoreConfig()) as store:
+        tm = TieredModel(lm, store, cfg)
+        try:
+            tm.graft(tm.ingest(ids))
+            return tm.generate(ids[:5], max_new_tokens=12), dict(tm.cache.fetch_counts), tm.cache
+        finally:
+            tm.close()
+
+
+def test_reuse_is_bounded_by_steps_and_sealing(tiny_model, tmp_path, monkeypatch):
+    lm = tiny_model("tiny-llama")
+    ids = torch.randint(0, 250, (700,), generator=torch.Generator().manual_seed(3)).tolist()
+    base = dict(page_size=32, local_pages=4, topk_pages=2)
+    exact, counts, _ = _answer(lm, tmp_path / "a", TieredConfig(**base), ids)
+    assert "reused_plans" not in counts
+    monkeypatch.setattr(tiered_cache, "REUSE_MIN_COSINE", -1.0)  # every query counts as stable
+    approx, counts, cache = _answer(lm, tmp_path / "b", TieredConfig(**base, reuse_steps=3), ids)
+    full = sum(not layer.is_sliding for layer in cache.layers)
+    # 11 decode steps: each layer searches at most every 4th step (3 reuses per search)
+    assert 0 < counts["reused_plans"] <= full * 11 * 3 // 4 + full
+    assert len(approx) == len(exact)
+
+
+def test_reuse_steps_is_part_of_the_regime_only_when_on():
+    assert "reuse_steps" not in TieredConfig().regime(128)
+    assert TieredConfig(reuse_steps=4).regime(128)["reuse_steps"] == 4
+    assert TieredConfig().regime_fingerprint("ab" * 32, 128) != TieredConfig(reuse_steps=4).regime_fingerprint(
+        "ab" * 32, 128)

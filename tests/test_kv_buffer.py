@@ -1,0 +1,118 @@
+"""The working-set buffer: in place, byte-equal to concatenating the pages, and copies only what changed."""
+import pytest
+import torch
+
+from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
+
+H, D = 2, 4
+
+
+def _page(start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic K, V [H, n, D] of positions [start, end): each value names its position."""
+    pos = torch.arange(start, end, dtype=torch.float32)
+    k = pos[None, :, None] + torch.arange(H * D, dtype=torch.float32).view(H, 1, D) / 100
+    return k, -k
+
+
+def _filler(calls: list[list[int]], wanted: list[SlotKey]):
+    def fill(idx):
+        calls.append(list(idx))
+        out = []
+        for i in idx:
+            s = wanted[i]
+            k, v = _page(s.start, s.end)
+            out.append((k[:, s.offset:] + s.shift, v[:, s.offset:]))
+        return out
+    return fill
+
+
+def _expected(wanted: list[SlotKey], tail: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ks, vs, ps = [], [], []
+    for s in wanted:
+        k, v = _page(s.start, s.end)
+        ks.append(k[:, s.offset:] + s.shift), vs.append(v[:, s.offset:])
+        ps.append(torch.arange(s.start + s.offset, s.end))
+    k, v = _page(*tail)
+    ks.append(k), vs.append(v), ps.append(torch.arange(*tail))
+    return torch.cat(ks, 1)[None], torch.cat(vs, 1)[None], torch.cat(ps)
+
+
+def _arrange(buf: WorkingSetBuffer, wanted: list[SlotKey], tail: tuple[int, int]) -> list[list[int]]:
+    calls: list[list[int]] = []
+    buf.arrange(wanted, _filler(calls, wanted))
+    got, want = buf.views(), _expected(wanted, tail)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w.to(g.dtype))
+    return calls
+
+
+def test_append_and_seal_front_move_nothing():
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    k, v = _page(0, 10)
+    buf.append(k[None, :, :6], v[None, :, :6])
+    buf.append(k[None, :, 6:], v[None, :, 6:])
+    sealed_k, _ = buf.seal_front(8)
+    assert torch.equal(sealed_k, k[:, :8]) and buf.slots == [SlotKey(0, 8, 0, 0, 0)]
+    assert torch.equal(buf.tail_keys, k[:, 8:]) and buf.tail_start == 8
+    # the sealed page is selected where it already is: nothing is filled or copied
+    assert _arrange(buf, [SlotKey(0, 8, 0, 0, 0)], (8, 10)) == [] and buf.num_copied_tokens == 0
+
+
+def test_arrange_fills_only_slots_whose_key_or_place_changed():
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    k, v = _page(40, 43)
+    buf.reset(40)
+    buf.append(k[None], v[None])
+    a, b, c, d = (SlotKey(s, s + 8, 0, 0, 0) for s in (0, 8, 16, 24))
+    assert _arrange(buf, [a, b, c], (40, 43)) == [[0, 1, 2]]
+    assert _arrange(buf, [a, d, c], (40, 43)) == [[1]]  # same length: c keeps its place
+    assert _arrange(buf, [a, d, c], (40, 43)) == []  # unchanged: no work at all
+    assert _arrange(buf, [d, c], (40, 43)) == []  # a removal at the front: the base moves, not the bytes
+    assert _arrange(buf, [d, c, SlotKey(8, 16, 0, 5, 0), a], (40, 43)) == [[2, 3]]  # grows; tail moves
+    assert _arrange(buf, [d, c, SlotKey(8, 16, 0, 6, 0), a], (40, 43)) == [[2]]  # another shift: other bytes
+    assert _arrange(buf, [SlotKey(0, 8, 3, 0, 0)], (40, 43)) == [[0]]  # a sliding window's partial page
+
+
+def test_arrange_keeps_the_largest_group_in_place():
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    buf.reset(100)
+    k, v = _page(100, 105)
+    buf.append(k[None], v[None])
+    pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 96, 8)]
+    assert _arrange(buf, pages[2:], (100, 105)) == [list(range(10))]
+    copied = buf.num_copied_tokens
+    # a page joins at the front: the ten after it and the tail stay where they are
+    assert _arrange(buf, pages[1:], (100, 105)) == [[0]] and buf.num_copied_tokens == copied + 8
+    # one leaves in the middle: the larger side stays, the smaller one is copied
+    kept = pages[1:5] + pages[6:]
+    assert _arrange(buf, kept, (100, 105)) == [[0, 1, 2, 3]]
+
+
+def test_growth_keeps_contents():
+    buf = WorkingSetBuffer(H, D, torch.float64, "cpu")
+    buf.reset(0)
+    k, v = _page(0, 600)
+    for s in range(0, 600, 7):
+        buf.append(k[None, :, s:s + 7].double(), v[None, :, s:s + 7].double())
+    got_k, got_v, pos = buf.views()
+    assert torch.equal(got_k[0], k.double()) and torch.equal(pos, torch.arange(600))
+    assert buf.capacity >= 600 and buf.capacity % 256 == 0
+
+
+@pytest.mark.parametrize("q", [1, 5])
+def test_attention_over_buffer_views_is_byte_equal_to_contiguous(q):
+    # The buffer hands attention non-contiguous views; sdpa and the eager matmul give the same bytes.
+    torch.manual_seed(0)
+    buf = torch.randn(1, 3, 700, 16)
+    k, v = buf[:, :, :523], buf.flip(2)[:, :, :523]
+    query = torch.randn(1, 6, q, 16)
+    rep = lambda x: x.repeat_interleave(2, 1)  # noqa: E731
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(query, rep(k), rep(v)), sdpa(query, rep(k.contiguous()), rep(v.contiguous())))
+    assert torch.equal(sdpa(query, k, v, enable_gqa=True), sdpa(query, k.contiguous(), v.contiguous(), enable_gqa=True))
+    w = torch.softmax(query @ rep(k).transpose(2, 3), -1)
+    assert torch.equal(w @ rep(v), torch.softmax(query @ rep(k.contiguous()).transpose(2, 3), -1) @ rep(v.contiguous()))
+    # eager without GQA (no repeat_kv copy): the matmuls read the strided views themselves
+    q6 = torch.randn(1, 3, q, 16)
+    w = torch.softmax(q6 @ k.transpose(2, 3), -1) @ v
+    assert torch.equal(w, torch.softmax(q6 @ k.contiguous().transpose(2, 3), -1) @ v.contiguous())

@@ -1,0 +1,231 @@
+"""One layer's working set as one device buffer, updated in place: per step, cost follows what changed.
+
+    k, v  [1, Hkv, capacity, D]     pos  [capacity] (absolute, own positions; the mask reads them)
+
+          | free | slot 0 | slot 1 | ... | slot m-1 | tail: unsealed tokens + this chunk | free |
+                 lo                      lo + num_slot_tokens               + num_tail
+
+A slot holds one sealed page (or the part of it a sliding window reads) exactly as attention reads it:
+the stored bytes or a re-encoded copy, re-rotated when the placement shifts it. A slot is named by a
+`SlotKey` = (start, end, offset, shift, source): two slots with equal keys hold equal bytes.
+
+- `append`      writes a chunk's new K/V behind the tail (no copy of what is already there);
+- `seal_front`  turns the tail's first tokens into a slot, where they already are (no copy);
+- `arrange`     makes the slots match a selection, placed where most of what is already there stays
+                put (the base `lo` moves instead): only the other slots are filled (by the caller's
+                `fill`); the tail moves only if it is not in that group.
+
+Attention gets views `k[:, :, :n]` (non-contiguous along the head axis): the same values in the same
+order as concatenating the pages, and the kernels give the same bytes for them
+(tests/test_kv_buffer.py pins that). Nothing here knows about stores or models.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+
+_GROW = 1.5  # capacity grows by at least this factor: amortised O(1) appends, room to move the base
+_ROUND = 256  # capacity is a multiple of this many tokens
+
+
+class SlotKey(NamedTuple):
+    """What a slot holds: tokens [start + offset, end) of the page spanning [start, end), moved by
+    `shift` positions, from `source` (0: the stored page; else the id of the re-encoded K/V it came from)."""
+
+    start: int
+    end: int
+    offset: int
+    shift: int
+    source: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start - self.offset
+
+
+# fill(indices) -> for each index i of `wanted`, K and V [Hkv, n_i, D] as attention reads them
+Fill = Callable[[list[int]], Sequence[tuple[torch.Tensor, torch.Tensor]]]
+
+
+class WorkingSetBuffer:
+    """Slots then tail in one growable buffer; see the module docstring for the layout."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+        self.device = torch.device(device)
+        self.k = torch.empty((1, num_kv_heads, 0, head_dim), dtype=dtype, device=self.device)
+        self.v = torch.empty_like(self.k)
+        self.pos = torch.empty(0, dtype=torch.long, device=self.device)
+        self.slots: list[SlotKey] = []
+        self.lo = 0  # where the slots start
+        self.num_slot_tokens = 0  # P
+        self.num_tail = 0  # t
+        self.tail_start = 0  # absolute position of the tail's first token
+        self.num_copied_tokens = 0  # tokens written by `arrange` (slot fills and tail moves): what changes cost
+        self._refs: dict[int, Any] = {}  # source id -> the object it names, kept alive so the id stays unique
+
+    # ------------------------------------------------------------------ views
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size() + self.pos.numel() * self.pos.element_size()
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_slot_tokens + self.num_tail == 0
+
+    @property
+    def tail_keys(self) -> torch.Tensor:
+        """[Hkv, t, D] view of the unsealed tokens (and the current chunk)."""
+        a = self.lo + self.num_slot_tokens
+        return self.k[0, :, a:a + self.num_tail]
+
+    @property
+    def tail_values(self) -> torch.Tensor:
+        a = self.lo + self.num_slot_tokens
+        return self.v[0, :, a:a + self.num_tail]
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """K, V [1, Hkv, n, D] and positions [n] of slots then tail, as attention reads them."""
+        lo, hi = self.lo, self.lo + self.num_slot_tokens + self.num_tail
+        return self.k[:, :, lo:hi], self.v[:, :, lo:hi], self.pos[lo:hi]
+
+    def source_id(self, obj: Any) -> int:
+        """A slot source id naming `obj` (kept alive while this buffer lives, so the id is never reused)."""
+        self._refs[id(obj)] = obj
+        return id(obj)
+
+    # ------------------------------------------------------------------ the tail
+    def reset(self, tail_start: int) -> None:
+        """Drop every slot and the tail; the next token appended sits at `tail_start`."""
+        self.slots, self.lo, self.num_slot_tokens, self.num_tail, self.tail_start = [], 0, 0, 0, tail_start
+        self._refs.clear()
+
+    def set_tail(self, which: str, states: torch.Tensor, tail_start: int) -> None:
+        """Replace the tail's keys (`which="k"`) or values by `states` [Hkv, t, D] (cache attach).
+        Setting keys drops the slots; values must then match the keys' length."""
+        t = states.shape[1]
+        if which == "k":
+            self.reset(tail_start)
+            self._make_room(t)
+            self.num_tail = t
+            self.pos[self.lo:self.lo + t] = torch.arange(tail_start, tail_start + t, device=self.device)
+            self.k[0, :, self.lo:self.lo + t] = states
+        else:
+            assert t == self.num_tail, f"values hold {t} tokens, keys {self.num_tail}"
+            a = self.lo + self.num_slot_tokens
+            self.v[0, :, a:a + t] = states
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write a chunk's K/V ([1, Hkv, q, D], positions right after the tail) behind the tail."""
+        q = key_states.shape[2]
+        self._make_room(q)
+        end = self.lo + self.num_slot_tokens + self.num_tail
+        self.k[:, :, end:end + q] = key_states
+        self.v[:, :, end:end + q] = value_states
+        first = self.tail_start + self.num_tail
+        self.pos[end:end + q] = torch.arange(first, first + q, device=self.device)
+        self.num_tail += q
+
+    def seal_front(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tail's first `n` tokens ([Hkv, n, D] each) become the last slot, in place.
+
+        NOTE: the returned views alias the buffer; read them (seal the page) before the next
+        `append` or `arrange`, which may overwrite or move them."""
+        assert 0 < n <= self.num_tail, f"cannot seal {n} of {self.num_tail} tail tokens"
+        a = self.lo + self.num_slot_tokens
+        k, v = self.k[0, :, a:a + n], self.v[0, :, a:a + n]
+        self.slots.append(SlotKey(self.tail_start, self.tail_start + n, 0, 0, 0))
+        self.num_slot_tokens += n
+        self.num_tail -= n
+        self.tail_start += n
+        return k, v
+
+    # ------------------------------------------------------------------ the slots
+    def arrange(self, wanted: list[SlotKey], fill: Fill) -> None:
+        """Make the slots exactly `wanted` (in order), then the tail.
+
+        The new layout is placed at the base that keeps the most tokens where they already are (each
+        slot already in the buffer, and the tail, votes for the base that leaves it in place; the base
+        must keep room on both sides); every other wanted slot is filled through `fill` (called once,
+        with the indices that need bytes).
+        Cost: the bytes of those slots, plus the tail if it is not in the winning group."""
+        if wanted == self.slots:
+            return
+        at: dict[SlotKey, int] = {}  # key -> where it is now
+        a = self.lo
+        for key in self.slots:
+            at[key] = a
+            a += key.num_tokens
+        rel, r = [], 0
+        for key in wanted:
+            rel.append(r)
+            r += key.num_tokens
+        new_p, t = r, self.num_tail
+        if new_p + t > self.capacity:
+            self._make_room(new_p + t - self.num_slot_tokens - t)  # grows; `at` moves with the base
+            return self.arrange(wanted, fill)
+        votes: dict[int, int] = {}
+        for key, rr in zip(wanted, rel):
+            if key in at:
+                votes[at[key] - rr] = votes.get(at[key] - rr, 0) + key.num_tokens
+        old_tail = self.lo + self.num_slot_tokens
+        if t:
+            votes[old_tail - new_p] = votes.get(old_tail - new_p, 0) + t
+        # NOTE: a base too close to either end would leave no room to move it next time: the winner must
+        # leave a quarter of the free space on each side, else the layout is re-centred (all copied)
+        room = self.capacity - new_p - t
+        fits = [(w, -abs(base - self.lo), base) for base, w in votes.items() if room // 4 <= base <= room - room // 4]
+        base = max(fits)[2] if fits else room // 2
+        changed = [i for i, (key, rr) in enumerate(zip(wanted, rel)) if at.get(key) != base + rr]
+        tail = None
+        if t and old_tail != base + new_p:
+            # NOTE: clone first: fills may overwrite the old tail region, and the two ranges may overlap
+            tail = (self.k[:, :, old_tail:old_tail + t].clone(), self.v[:, :, old_tail:old_tail + t].clone(),
+                    self.pos[old_tail:old_tail + t].clone())
+        if changed:
+            for i, (k, v) in zip(changed, fill(changed)):
+                key, dst = wanted[i], base + rel[i]
+                n = key.num_tokens
+                assert k.shape[1] == n, f"slot {key} got {k.shape[1]} tokens"
+                self.k[0, :, dst:dst + n] = k  # k, v: [Hkv, n, D]
+                self.v[0, :, dst:dst + n] = v
+                first = key.start + key.offset
+                self.pos[dst:dst + n] = torch.arange(first, first + n, device=self.device)
+                self.num_copied_tokens += n
+        if tail is not None:
+            dst = base + new_p
+            self.k[:, :, dst:dst + t], self.v[:, :, dst:dst + t], self.pos[dst:dst + t] = tail
+            self.num_copied_tokens += t
+        self.slots, self.lo, self.num_slot_tokens = list(wanted), base, new_p
+        live = {key.source for key in wanted}
+        for ref in [r for r in self._refs if r not in live]:
+            del self._refs[ref]
+
+    def _make_room(self, extra: int) -> None:
+        """Room for `extra` more tokens after the tail: move the contents left, or grow (a third of the
+        free space to the left of them, two thirds to the right)."""
+        used = self.num_slot_tokens + self.num_tail
+        need = used + extra
+        if self.lo + need <= self.capacity:
+            return
+        cap = self.capacity
+        if need > cap * 2 // 3:  # keep a third free, room to move the base later
+            cap = -(-max(need * 3 // 2, int(cap * _GROW)) // _ROUND) * _ROUND
+        lo = (cap - need) // 3
+        src = slice(self.lo, self.lo + used)
+        if cap == self.capacity:
+            # NOTE: through a copy: the source and destination ranges may overlap
+            k, v, pos = self.k, self.v, self.pos
+            moved = self.k[:, :, src].clone(), self.v[:, :, src].clone(), self.pos[src].clone()
+        else:
+            k = torch.empty((1, self.num_kv_heads, cap, self.head_dim), dtype=self.dtype, device=self.device)
+            v, pos = torch.empty_like(k), torch.empty(cap, dtype=torch.long, device=self.device)
+            moved = self.k[:, :, src], self.v[:, :, src], self.pos[src]
+        k[:, :, lo:lo + used], v[:, :, lo:lo + used], pos[lo:lo + used] = moved
+        self.k, self.v, self.pos, self.lo = k, v, pos, lo
+        self.num_copied_tokens += used
