@@ -41,3 +41,17 @@ def test_unreachable_server_is_one_clear_line(capsys):
                     "redis://127.0.0.1:1/0?retries=0&connect_timeout=0.5")
     assert code == 2 and err.startswith("tieredkv: error: RemoteUnavailableError: remote ")
     assert "check that the server is up" in err
+
+
+def test_qa_uses_the_remote_named_by_the_environment(redis_server, tmp_path, capsys, monkeypatch):
+    """`tieredkv qa` opens its store like every other command: $TIEREDKV_REMOTE's server receives the
+    document's pages and manifest."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha. " * 60 + "The secret colour is teal. " + "Beta. " * 60)
+    monkeypatch.setenv("TIEREDKV_REMOTE", redis_server.url)
+    code, out = run(capsys, "qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?",
+                    "--store", str(tmp_path / "s"), "--max-new-tokens", "2", "--json", "--quiet")
+    assert code == 0 and out["context"] == "ingested"
+    monkeypatch.delenv("TIEREDKV_REMOTE")
+    code, listed = run(capsys, "remote", "ls", "--remote", redis_server.url)
+    assert code == 0 and listed["artifacts"] == [out["artifact"]]

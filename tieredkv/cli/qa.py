@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import model_arg, nonneg_int, positive_int, print_json, read_text_file
+from tieredkv.cli.common import model_arg, nonneg_int, open_store, positive_int, print_json, read_text_file
 
 class _IngestBar:
     """tqdm bar with tokens/s, pages and bytes per tier."""
@@ -84,7 +84,6 @@ def _shown(tm, lm, count: int) -> tuple[str, list[dict]]:
 
 
 def cmd_qa(a) -> int:
-    from paging import PageStore, StoreConfig
     from tieredkv.corpus import DEFAULT_QUESTION, default_document
     from tieredkv.errors import EmptyInputError
     from tieredkv.models import cache_dir, load_model
@@ -103,8 +102,9 @@ def cmd_qa(a) -> int:
     config = _config(a, lm, len(doc_ids) + len(q_ids) + a.max_new_tokens)
     name = document_name(document)
     t0 = time.perf_counter()
-    store_cfg = StoreConfig(lmdb_max_map_size=a.disk_budget, device_budget_bytes=working_set_bytes(lm, config))
-    with PageStore(store_dir, store_cfg) as store:
+    # open_store: a shared remote tier named by $TIEREDKV_REMOTE serves and receives pages too
+    with open_store(store_dir, lmdb_max_map_size=a.disk_budget,
+                    device_budget_bytes=working_set_bytes(lm, config)) as store:
         tm = TieredModel(lm, store, config)
         try:
             art = None if a.reingest else find_artifact(store, name, tm.domain())
