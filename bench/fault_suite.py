@@ -607,29 +607,13 @@ def _remote_tampering(world: World, store: Path, a, b, cases) -> list[dict[str, 
             client.set(f"tkv:v1:m:{a.artifact_id}", seal_value(cases[name][1]))
             pulled = world.root / "pulled"
             shutil.rmtree(pulled, ignore_errors=True)
-            res = _cli_here(["remote", "pull", "--store", str(pulled), "--remote", server.url, "--artifact",
+            res = tf.cli_here(["remote", "pull", "--store", str(pulled), "--remote", server.url, "--artifact",
                              a.artifact_id])
             nothing = not pulled.exists() or tf.artifact_roots(pulled) == {} and _num_pages(pulled) == 0
             out.append({"case": name, "detected": tf.is_one_line_error(res) and nothing,
                         "line": res["err"].strip()[:200]})
         client.set(f"tkv:v1:m:{a.artifact_id}", genuine)
     return out
-
-
-def _cli_here(argv: list[str]) -> dict[str, Any]:
-    """One `tieredkv` command through the real entry point, in this process (its output captured)."""
-    import contextlib
-    import io
-
-    from tieredkv.cli.main import main as cli_main
-
-    o, e = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-        try:
-            rc = cli_main(argv)
-        except SystemExit as exc:
-            rc = exc.code
-    return {"argv": argv, "rc": rc, "out": o.getvalue(), "err": e.getvalue()}
 
 
 def _num_pages(path: Path) -> int:

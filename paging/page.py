@@ -28,8 +28,8 @@ import hashlib
 import re
 import struct
 import sys
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -87,7 +87,8 @@ def _header_digest(fields: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(fields)).hexdigest()
 
 
-class PageHeader(NamedTuple):
+@dataclass(frozen=True)
+class PageHeader:
     """Every field of a page but its payload: what a reader needs to place and check the bytes."""
 
     key: str
@@ -104,16 +105,10 @@ class PageHeader(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Page:
-    """An immutable page. Build it with `Page.seal` or `Page.from_bytes`, not directly."""
+class Page(PageHeader):
+    """An immutable page: its header's fields and the payload. Build it with `Page.seal` or
+    `Page.from_bytes`, not directly."""
 
-    key: str
-    parent_key: str
-    fingerprint: str
-    start: int
-    token_ids: tuple[int, ...]
-    layout: PageLayout
-    payload_sha256: str
     payload: bytes = field(repr=False)
 
     def __post_init__(self) -> None:
@@ -163,10 +158,6 @@ class Page:
         return cls(key=key, parent_key=parent_key, fingerprint=fingerprint, start=int(start),
                    token_ids=ids, layout=layout,
                    payload_sha256=hashlib.sha256(payload).hexdigest(), payload=payload)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     @property
     def nbytes(self) -> int:
@@ -229,7 +220,7 @@ class Page:
         header, payload = cls.open_bytes(buf, expected_key=expected_key)
         if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
             raise CorruptPageError(expected_key, "payload_sha256 mismatch: the payload was altered")
-        return cls(*header, payload=bytes(payload))
+        return cls(**vars(header), payload=bytes(payload))
 
     @staticmethod
     def open_bytes(buf: bytes | bytearray | memoryview, *,
@@ -249,11 +240,7 @@ class Page:
 
     @property
     def header(self) -> PageHeader:
-        return PageHeader(self.key, self.parent_key, self.fingerprint, self.start, self.token_ids,
-                          self.layout, self.payload_sha256)
-
-
-
+        return PageHeader(**{f.name: getattr(self, f.name) for f in fields(PageHeader)})
 
 
 def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memoryview]:

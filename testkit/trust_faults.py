@@ -20,7 +20,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -53,23 +52,27 @@ def call(runner, target, args: tuple, timeout: float = 60.0) -> dict[str, Any]:
         p.join(30)
 
 
+def cli_here(argv: list[str]) -> dict[str, Any]:
+    """One `tieredkv` command through the real entry point, in this process: exit status, stdout, stderr."""
+    import contextlib
+    import io
+
+    from tieredkv.cli.main import main
+
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code
+    return {"argv": argv, "rc": rc, "out": o.getvalue(), "err": e.getvalue()}
+
+
 def cli_many(*commands: list[str], timeout: int = 240) -> list[dict]:
     """Run each `tieredkv` command through the real entry point in one fresh interpreter; per command its
     exit status, stdout and stderr. A child killed by a signal raises (the caller counts it)."""
-    code = textwrap.dedent("""
-        import contextlib, io, json, sys
-        from tieredkv.cli.main import main
-        out = []
-        for argv in json.loads(sys.argv[1]):
-            o, e = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-                try:
-                    rc = main(argv)
-                except SystemExit as exc:
-                    rc = exc.code
-            out.append({"argv": argv, "rc": rc, "out": o.getvalue(), "err": e.getvalue()})
-        print(json.dumps(out))
-    """)
+    code = ("import json, sys\nfrom testkit.trust_faults import cli_here\n"
+            "print(json.dumps([cli_here(argv) for argv in json.loads(sys.argv[1])]))")
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(commands))], capture_output=True, text=True,
                           env=ENV, cwd=REPO, timeout=timeout)
     if proc.returncode != 0:

@@ -204,24 +204,6 @@ def test_qa_cli_ingests_then_grafts(tmp_path, capsys):
     assert first["shown"] and "text" in first["shown"][0] and first["shown"][0]["times_retrieved"] > 0
 
 
-def test_qa_cli_reads_the_passage_the_question_names(tmp_path, capsys):
-    """Beyond the window (fixed distance), the default reading brings the sentence with the question's
-    word before the question, and the JSON report shows it."""
-    from tieredkv.cli import main
-
-    doc = tmp_path / "doc.txt"
-    doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
-    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store",
-            str(tmp_path / "s"), "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json",
-            "--quiet", "--position", "fixed", "--read-tokens", "32"]
-    import json
-
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["attended"] == "read" and out["reading"]["passage_tokens"] == 32
-    assert "teal" in out["shown"][0]["text"]
-
-
 def test_ingesting_a_document_that_extends_an_earlier_one(tiny_model, tmp_path):
     """Page keys are sound with the default one-page chunks: the shared prefix pages are the same
     bytes, so the second ingest re-writes them idempotently instead of raising PageConflictError."""
