@@ -335,3 +335,33 @@ def test_topk_default_follows_the_position_policy():
     assert TieredConfig(position="fixed", topk_pages=16).topk_pages == 16
     for cfg in (TieredConfig(), TieredConfig(position="fixed")):
         assert TieredConfig(**cfg.regime(32)).regime_fingerprint("m", 32) == cfg.regime_fingerprint("m", 32)
+
+
+def test_ingest_reports_success_only_for_what_lmdb_gives_back(tiny_model, tmp_path, monkeypatch):
+    """An ingest reads its manifest and every page back from LMDB (not the host copies): a page the
+    disk lost after the write is an error, not a returned artifact."""
+    from paging.errors import StoreIntegrityError
+
+    lm = tiny_model("tiny-llama")
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2)
+    with tiered(lm, tmp_path, cfg) as tm:
+        art = tm.ingest(_ids(300, 3))  # the real read-back passes
+        assert tm.store.lmdb_tier.get(art.page_keys[1]) is not None
+        real_get = tm.store.lmdb_tier.get
+        lost = set()
+
+        def get(key):
+            return None if key in lost else real_get(key)
+
+        monkeypatch.setattr(tm.store.lmdb_tier, "get", get)
+        doc = _ids(300, 4)
+        tm.reset()
+        original_put = tm.store.put_manifest
+
+        def put_manifest(artifact_id, data):  # the disk loses page 1 of this document right after the write
+            lost.add(tm.cache.page_keys[1])
+            return original_put(artifact_id, data)
+
+        monkeypatch.setattr(tm.store, "put_manifest", put_manifest)
+        with pytest.raises(StoreIntegrityError, match="lost a committed write"):
+            tm.ingest(doc)

@@ -21,6 +21,7 @@ from index import IndexStaleError, PageIndex
 from paging import PageLayout, PageStore
 from tieredkv import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
+from tieredkv.artifacts.manifest import read_back
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
 from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads
@@ -205,7 +206,9 @@ class TieredModel:
     # ------------------------------------------------------------------ contexts as artifacts
     def ingest(self, source: str | Sequence[int], *, name: str = "",
                progress: Callable[[int, int], None] | None = None) -> Artifact:
-        """Reset, prefill a document, seal every page (the last may be partial), save it as an artifact."""
+        """Reset, prefill a document, seal every page (the last may be partial), save it as an artifact
+        (read back from LMDB and verified before it is returned)."""
+
         ids = self.encode(source) if isinstance(source, str) else [int(i) for i in source]
         if not ids:
             raise EmptyInputError("the document is empty")
@@ -218,6 +221,9 @@ class TieredModel:
                        len(ids), self.page_size, tuple(self.cache.page_keys), sha256_ids(ids),
                        self.cache.layout.to_dict(), name)
         self.store.put_manifest(art.artifact_id, art.to_json())
+        # NOTE: success is reported only for what LMDB gives back: the manifest and every page, verified
+        # and chained (as deposit does), not the host tier's copies
+        read_back(self.store, art)
         self.cache.index.save(self._index_path(art))
         self._save_token_ids(art, ids)
         return art
