@@ -37,24 +37,21 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     return TieredConfig(**fields).resolve(lm.model, num_tokens)
 
 
-def _frame(codec) -> tuple[str, str]:
-    """(text before the document, text between the document and the question)."""
+def _frame(codec) -> tuple[str, str, str]:
+    """(text before the document, between the document and the question, after the question)."""
     from tieredkv.text_codec import chat_frame
 
     if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
         pre, post = chat_frame(codec)
-        return pre + "Read this document.\n\n", "\n\nAnswer from the document above in one or two sentences. Question: "
-    return "Document:\n", "\nQ: "
+        return (pre + "Read this document.\n\n",
+                "\n\nAnswer from the document above in one or two sentences. Question: ", post)
+    return "Document:\n", "\nQ: ", "\nA:"
 
 
 def prompt_parts(lm, document: str, question: str) -> tuple[list[int], list[int]]:
     """Token ids of (document part, question part) of one chat turn, so the document can be reused."""
-    from tieredkv.text_codec import chat_frame
-
-    codec = lm.codec
-    before, between = _frame(codec)
-    after = chat_frame(codec)[1] if getattr(getattr(codec, "tokenizer", None), "chat_template", None) else "\nA:"
-    return codec.encode(before + document), codec.encode(between + question + after)
+    before, between, after = _frame(lm.codec)
+    return lm.codec.encode(before + document), lm.codec.encode(between + question + after)
 
 
 def frame_tokens(lm) -> int:

@@ -9,7 +9,6 @@ The model's own `forward()` / `generate()` run unchanged; attention sees a bound
 """
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from index import IndexStaleError, PageIndex
+from index.atomic_file import AtomicFile
 from paging import PageLayout, PageStore
 from tieredkv import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
@@ -208,7 +208,6 @@ class TieredModel:
                progress: Callable[[int, int], None] | None = None) -> Artifact:
         """Reset, prefill a document, seal every page (the last may be partial), save it as an artifact
         (read back from LMDB and verified before it is returned)."""
-
         ids = self.encode(source) if isinstance(source, str) else [int(i) for i in source]
         if not ids:
             raise EmptyInputError("the document is empty")
@@ -254,10 +253,8 @@ class TieredModel:
     def _save_token_ids(self, art: Artifact, ids: Sequence[int]) -> None:
         """The context's token ids beside its index (derived data, checked against the manifest when
         read): a question matches words against page text without reading whole pages."""
-        path = self._token_ids_path(art)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(np.asarray(ids, dtype="<i4").tobytes())
-        os.replace(tmp, path)
+        with AtomicFile(self._token_ids_path(art)) as f:
+            f.write(np.asarray(ids, dtype="<i4").tobytes())
 
     def _load_token_ids(self, art: Artifact) -> list[int] | None:
         """The saved token ids if they hash to the manifest's `token_ids_sha256`, else None (the cache

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tieredkv.cli.common import model_arg, nonneg_int, open_store, positive_int, print_json, read_text_file
 
+
 class _IngestBar:
     """tqdm bar with tokens/s, pages and bytes per tier."""
 
@@ -87,7 +88,7 @@ def cmd_qa(a) -> int:
     from tieredkv.corpus import DEFAULT_QUESTION, default_document
     from tieredkv.errors import EmptyInputError
     from tieredkv.models import cache_dir, load_model
-    from tieredkv.qa import document_name, find_artifact, open_document, prompt_parts
+    from tieredkv.qa import document_name, find_artifact, prompt_parts
     from tieredkv.tiered_model import TieredModel, working_set_bytes
 
     document = read_text_file(a.doc, "--doc") if a.doc else default_document()
@@ -111,8 +112,9 @@ def cmd_qa(a) -> int:
             if art is None:
                 tm.check_disk_budget(len(doc_ids) + len(q_ids) + a.max_new_tokens, budget_bytes=a.disk_budget)
             bar = _IngestBar(tm, len(doc_ids), a.quiet or art is not None)
-            try:
-                art, grafted = open_document(tm, doc_ids, name, reingest=a.reingest, progress=bar)
+            try:  # open_document's two branches, with the one manifest scan above
+                grafted = art is not None
+                art = tm.graft(art, progress=bar) if grafted else tm.ingest(doc_ids, name=name, progress=bar)
             finally:
                 bar.close()
             how = "grafted (no re-ingest)" if grafted else "ingested"
@@ -160,13 +162,14 @@ def cmd_qa(a) -> int:
 
 
 def register(sub) -> None:
+    from tieredkv.corpus import DEFAULT_QUESTION
     from tieredkv.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
     from tieredkv.tiered_config import READING_SIGNALS
 
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)
     p.add_argument("--doc", help="a UTF-8 text file (default: statements chapter of the Python language reference)")
-    p.add_argument("--question", help="the question (default: %r)" % "What does the nonlocal statement do?")
+    p.add_argument("--question", help=f"the question (default: {DEFAULT_QUESTION!r})")
     p.add_argument("--store", help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
     p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--page-size", type=positive_int)
