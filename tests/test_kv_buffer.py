@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
+from tieredkv.kv_buffer import HOLE_POS, SlotKey, WorkingSetBuffer
+from tieredkv.working_set import build_mask
 
 H, D = 2, 4
 
@@ -86,6 +87,69 @@ def test_arrange_keeps_the_largest_group_in_place():
     # one leaves in the middle: the larger side stays, the smaller one is copied
     kept = pages[1:5] + pages[6:]
     assert _arrange(buf, kept, (100, 105)) == [[0, 1, 2, 3]]
+
+
+def _arrange_in_place(buf: WorkingSetBuffer, wanted: list[SlotKey], tail: tuple[int, int]) -> list[list[int]]:
+    """In-place arrange; the live tokens (holes dropped) are exactly the wanted slots' and the tail's, each
+    key and value beside its own position, in whatever order the buffer keeps them."""
+    calls: list[list[int]] = []
+    buf.arrange(wanted, _filler(calls, wanted), in_order=False)
+    k, v, pos = buf.views()
+    live = pos != HOLE_POS
+    want_k, want_v, want_pos = _expected(wanted, tail)
+    order = torch.argsort(pos[live])
+    assert torch.equal(pos[live][order], torch.sort(want_pos).values)
+    back = torch.argsort(want_pos)
+    assert torch.equal(k[:, :, live][:, :, order], want_k[:, :, back])
+    assert torch.equal(v[:, :, live][:, :, order], want_v[:, :, back])
+    return calls
+
+
+def test_in_place_arrange_copies_only_pages_that_joined():
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    buf.reset(200)
+    k, v = _page(200, 203)
+    buf.append(k[None], v[None])
+    pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 200, 8)]
+    assert _arrange_in_place(buf, pages[:10], (200, 203)) == [list(range(10))]
+    copied = buf.num_copied_tokens
+    # page 1 leaves, page 15 joins: it takes page 1's place, whatever the order; nothing else moves
+    sel = [pages[0], *pages[2:10], pages[15]]
+    assert _arrange_in_place(buf, sel, (200, 203)) == [[9]] and buf.num_copied_tokens == copied + 8
+    assert buf.num_hole_tokens == 0
+    # two leave, one joins: one hole stays, masked
+    sel = [pages[0], *pages[4:10], pages[15], pages[20]]
+    assert _arrange_in_place(buf, sel, (200, 203)) == [[8]] and buf.num_hole_tokens == 8
+    # more join than holes: the rest go after the last slot and the tail moves behind them
+    sel = [pages[0], *pages[4:10], pages[15], pages[20], pages[21], pages[22]]
+    assert _arrange_in_place(buf, sel, (200, 203)) == [[9, 10]] and buf.num_hole_tokens == 0
+    assert buf.num_copied_tokens == copied + 8 + 8 + 16 + 3
+
+
+def test_in_place_arrange_relays_out_in_order_when_holes_pile_up():
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    buf.reset(100)
+    pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 96, 8)]
+    _arrange_in_place(buf, pages, (100, 100))
+    _arrange_in_place(buf, pages[:8], (100, 100))  # 4 of 12 slots are holes: a third, kept
+    assert buf.num_hole_tokens == 32
+    _arrange_in_place(buf, pages[:6], (100, 100))  # more than a third: in position order, no holes
+    assert buf.num_hole_tokens == 0 and _arrange(buf, pages[:6], (100, 100)) == []
+
+
+@pytest.mark.parametrize("kind", ["sdpa", "eager"])
+def test_holes_are_masked_out(kind):
+    # A hole's stale keys must never be attended: the mask built from the positions drops them.
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    buf.reset(64)
+    pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 64, 8)]
+    _arrange_in_place(buf, pages, (64, 64))
+    _arrange_in_place(buf, pages[:3] + pages[4:], (64, 64))
+    _, _, pos = buf.views()
+    mask = build_mask(torch.tensor([64]), pos, sliding_window=None, kind=kind, dtype=torch.float32, q_offset=64)
+    attended = mask[0, 0, 0] if kind == "sdpa" else mask[0, 0, 0] == 0
+    assert int((pos == HOLE_POS).sum()) == 8 and not bool(attended[pos == HOLE_POS].any())
+    assert bool(attended[pos != HOLE_POS].all())
 
 
 def test_growth_keeps_contents():

@@ -365,3 +365,42 @@ def test_ingest_reports_success_only_for_what_lmdb_gives_back(tiny_model, tmp_pa
         monkeypatch.setattr(tm.store, "put_manifest", put_manifest)
         with pytest.raises(StoreIntegrityError, match="lost a committed write"):
             tm.ingest(doc)
+
+
+def _decode_logits(tm: TieredModel, question: list[int], steps: int) -> tuple[torch.Tensor, int]:
+    """The question's logits, then `steps` greedy decode steps' logits; and the tokens the
+    working-set buffers copied during those steps."""
+    copied = lambda: sum(layer.buffer.num_copied_tokens for layer in tm.cache.layers if layer.buffer is not None)  # noqa: E731
+    out = list(_tiered_logits(tm, question))
+    before = copied()
+    for _ in range(steps):
+        out.append(tm(torch.tensor([[int(out[-1].argmax())]]), logits_to_keep=1).logits[0, -1])
+    return torch.stack(out), copied() - before
+
+
+@pytest.mark.parametrize("position,one_token_first", [("own", False), ("fixed", False), ("own", True)])
+def test_decode_steps_in_place_copy_less_and_keep_graft_equal_to_fresh(position, one_token_first, tiny_model,
+                                                                        tmp_path):
+    """Retrieving decode steps leave pages where they sit in the working set (kv_buffer.py): fewer
+    copies than position order, the same pages attended (logits equal up to summation order, which
+    is documented as approximate), and a graft still continues torch.equal to a fresh run, also
+    when the question's first chunk is a single token right after the ingest (a step that must not
+    start from the ingest's layout)."""
+    from tieredkv.placement import policy_for
+
+    lm = tiny_model("tiny-llama")
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position=position)
+    with tiered(lm, tmp_path / "s", cfg) as tm:
+        n = (700 // tm.page_size + 1) * tm.page_size - 1 if one_token_first else 700
+        doc, question = _ids(n, 4), _ids(40, 5)
+        art = tm.ingest(doc)
+        fresh, in_place = _decode_logits(tm, question, 24)
+        tm.graft(art.artifact_id)
+        grafted, _ = _decode_logits(tm, question, 24)
+        tm.use_policy(type("Ordered", (type(policy_for(position)),), {"slots_in_place": False})())
+        tm.graft(art.artifact_id)
+        ordered, in_order = _decode_logits(tm, question, 24)
+    assert torch.equal(fresh, grafted)
+    assert in_place < in_order
+    assert torch.equal(fresh.argmax(-1), ordered.argmax(-1))
+    assert torch.allclose(fresh, ordered, rtol=0, atol=1e-4)

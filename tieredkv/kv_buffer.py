@@ -14,6 +14,10 @@ the stored bytes or a re-encoded copy, re-rotated when the placement shifts it. 
 - `arrange`     makes the slots match a selection, placed where most of what is already there stays
                 put (the base `lo` moves instead): only the other slots are filled (by the caller's
                 `fill`); the tail moves only if it is not in that group.
+                With `in_order=False` (a retrieving decode step, where the selection changes every
+                step), every slot still wanted stays where it is whatever the order, a slot no longer
+                wanted becomes a hole (its position set to `HOLE_POS`, which the causal mask never
+                admits), and new slots fill holes first: the cost is only the pages that joined.
 
 Attention gets views `k[:, :, :n]` (non-contiguous along the head axis): the same values in the same
 order as concatenating the pages, and the kernels give the same bytes for them
@@ -27,6 +31,8 @@ import torch
 
 _GROW = 1.5  # capacity grows by at least this factor: amortised O(1) appends, room to move the base
 _ROUND = 256  # capacity is a multiple of this many tokens
+HOLE_POS = 1 << 62  # position of a hole's tokens: after every query, so no causal mask attends to them
+_HOLE = -1  # SlotKey.source of a hole (stale bytes of a slot no longer wanted)
 
 
 class SlotKey(NamedTuple):
@@ -146,8 +152,12 @@ class WorkingSetBuffer:
         return k, v
 
     # ------------------------------------------------------------------ the slots
-    def arrange(self, wanted: list[SlotKey], fill: Fill) -> None:
-        """Make the slots exactly `wanted` (in order), then the tail.
+    @property
+    def num_hole_tokens(self) -> int:
+        return sum(key.num_tokens for key in self.slots if key.source == _HOLE)
+
+    def arrange(self, wanted: list[SlotKey], fill: Fill, *, in_order: bool = True) -> None:
+        """Make the slots exactly `wanted` (in order; with `in_order=False`, `_arrange_in_place`), then the tail.
 
         The new layout is placed at the base that keeps the most tokens where they already are (each
         slot already in the buffer, and the tail, votes for the base that leaves it in place; the base
@@ -155,6 +165,8 @@ class WorkingSetBuffer:
         with the indices that need bytes).
         Cost: the bytes of those slots, plus the tail if it is not in the winning group."""
         if wanted == self.slots:
+            return
+        if not in_order and self._arrange_in_place(wanted, fill):
             return
         at: dict[SlotKey, int] = {}  # key -> where it is now
         a = self.lo
@@ -187,24 +199,87 @@ class WorkingSetBuffer:
             # NOTE: clone first: fills may overwrite the old tail region, and the two ranges may overlap
             tail = (self.k[:, :, old_tail:old_tail + t].clone(), self.v[:, :, old_tail:old_tail + t].clone(),
                     self.pos[old_tail:old_tail + t].clone())
-        if changed:
-            for i, (k, v) in zip(changed, fill(changed)):
-                key, dst = wanted[i], base + rel[i]
-                n = key.num_tokens
-                assert k.shape[1] == n, f"slot {key} got {k.shape[1]} tokens"
-                self.k[0, :, dst:dst + n] = k  # k, v: [Hkv, n, D]
-                self.v[0, :, dst:dst + n] = v
-                first = key.start + key.offset
-                self.pos[dst:dst + n] = torch.arange(first, first + n, device=self.device)
-                self.num_copied_tokens += n
+        self._write_slots([wanted[i] for i in changed], [base + rel[i] for i in changed],
+                          fill(changed) if changed else [])
         if tail is not None:
             dst = base + new_p
             self.k[:, :, dst:dst + t], self.v[:, :, dst:dst + t], self.pos[dst:dst + t] = tail
             self.num_copied_tokens += t
         self.slots, self.lo, self.num_slot_tokens = list(wanted), base, new_p
+        self._drop_refs(wanted)
+
+    def _write_slots(self, keys: list[SlotKey], starts: list[int],
+                     kvs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write each slot's K, V ([Hkv, n, D]) and positions at its start."""
+        for key, dst, (k, v) in zip(keys, starts, kvs):
+            n = key.num_tokens
+            assert k.shape[1] == n, f"slot {key} got {k.shape[1]} tokens"
+            self.k[0, :, dst:dst + n] = k
+            self.v[0, :, dst:dst + n] = v
+            first = key.start + key.offset
+            self.pos[dst:dst + n] = torch.arange(first, first + n, device=self.device)
+            self.num_copied_tokens += n
+
+    def _drop_refs(self, wanted: list[SlotKey]) -> None:
+        """Forget the sources no wanted slot reads."""
         live = {key.source for key in wanted}
         for ref in [r for r in self._refs if r not in live]:
             del self._refs[ref]
+
+    def _arrange_in_place(self, wanted: list[SlotKey], fill: Fill) -> bool:
+        """`arrange` without order: keep every wanted slot where it is, turn the others into holes, put
+        new slots into holes (the smallest that fits) or after the last slot (the tail moves behind
+        them). False, doing nothing, when holes would make up more than a third of the slots: the
+        caller then re-lays them out in order, which leaves none."""
+        want = set(wanted)
+        layout = [key if key in want else SlotKey(0, key.num_tokens, 0, 0, _HOLE) for key in self.slots]
+        present = set(layout)
+        new = [i for i, key in enumerate(wanted) if key not in present]
+        holes = [(key.num_tokens, j) for j, key in enumerate(layout) if key.source == _HOLE]
+        placed: dict[int, int] = {}  # index in `layout` -> index in `wanted` that fills that hole
+        appended: list[int] = []
+        for i in new:  # NOTE: a slot is never split over holes; what a bigger hole leaves stays a hole
+            fit = [h for h in holes if h[0] >= wanted[i].num_tokens]
+            if fit:
+                hole = min(fit)
+                holes.remove(hole)
+                placed[hole[1]] = i
+            else:
+                appended.append(i)
+        out: list[SlotKey] = []
+        for j, key in enumerate(layout):
+            if j not in placed:
+                out.append(key)
+                continue
+            out.append(wanted[placed[j]])
+            if key.num_tokens > wanted[placed[j]].num_tokens:
+                out.append(SlotKey(0, key.num_tokens - wanted[placed[j]].num_tokens, 0, 0, _HOLE))
+        out += [wanted[i] for i in appended]
+        num_slot_tokens = sum(key.num_tokens for key in out)
+        if 3 * sum(key.num_tokens for key in out if key.source == _HOLE) > num_slot_tokens:
+            return False
+        t, grow = self.num_tail, num_slot_tokens - self.num_slot_tokens
+        if self.lo + num_slot_tokens + t > self.capacity:
+            self._make_room(grow)  # moves the contents (holes included) and `lo`
+        tail = None
+        if t and grow:  # NOTE: clone first: appended slots overwrite the old tail
+            a = self.lo + self.num_slot_tokens
+            tail = (self.k[:, :, a:a + t].clone(), self.v[:, :, a:a + t].clone(), self.pos[a:a + t].clone())
+        fresh, at, dst = {wanted[i] for i in new}, {}, self.lo
+        for key in out:
+            if key.source == _HOLE:
+                self.pos[dst:dst + key.num_tokens] = HOLE_POS
+            elif key in fresh:
+                at[key] = dst
+            dst += key.num_tokens
+        self._write_slots([wanted[i] for i in new], [at[wanted[i]] for i in new], fill(new) if new else [])
+        if tail is not None:
+            a = self.lo + num_slot_tokens
+            self.k[:, :, a:a + t], self.v[:, :, a:a + t], self.pos[a:a + t] = tail
+            self.num_copied_tokens += t
+        self.slots, self.num_slot_tokens = out, num_slot_tokens
+        self._drop_refs(wanted)
+        return True
 
     def _make_room(self, extra: int) -> None:
         """Room for `extra` more tokens after the tail: move the contents left, or grow (a third of the

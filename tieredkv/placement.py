@@ -40,6 +40,11 @@ class PlacementPolicy:
     `retrieve` (which pages) or `place` (where they sit)."""
 
     name: ClassVar[str] = "own"
+    # A retrieving decode step may leave each page where it already sits in the working-set buffer
+    # (keys in any order, holes masked; kv_buffer.py): only the pages that joined are copied. Other
+    # float bytes than position order, so only for approximate policies; never for prefill chunks
+    # (ingest writes pages), exact paths, or policies whose answers are measured as they are.
+    slots_in_place: ClassVar[bool] = False
 
     def select(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
         """Page ids this layer attends to, in position order: every page while the context fits one
@@ -70,6 +75,7 @@ class OwnPositions(PlacementPolicy):
     """Every key at its absolute position: exact, and meant for contexts inside the model's window."""
 
     name = "own"
+    slots_in_place = True
 
 
 class FixedDistance(PlacementPolicy):
@@ -78,6 +84,7 @@ class FixedDistance(PlacementPolicy):
     summaries hold page-relative keys and the queries are moved to match."""
 
     name = "fixed"
+    slots_in_place = True
 
     def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         if not ctx.config.relative_scoring:

@@ -185,6 +185,7 @@ class TieredCache(Cache):
         self.fetch_counts = {"device_hits": 0, "fetches": 0}
         self.prefetcher = Prefetcher(store)
         self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
+        self._prev_q: dict[int, int] = {}  # layer -> query tokens of its previous forward (none since a flush)
         # page id -> per layer (K, V), computed afresh at question time (tieredkv/reencode.py); full-attention
         # layers read these instead of the stored page, and always hold them in their working set
         self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
@@ -223,6 +224,7 @@ class TieredCache(Cache):
 
     def flush(self, *, partial: bool = True) -> None:
         """Seal complete pages, and the partial last page too when `partial`; write everything out."""
+        self._prev_q.clear()  # the next step lays its working set out in order (see working_set)
         self.seal_full_pages()
         if partial and self.layers[0].is_initialized and self.get_seq_length() > self.sealed_upto:
             self._seal(self.get_seq_length())
@@ -319,7 +321,15 @@ class TieredCache(Cache):
         self._last_selection[layer_idx] = [s.page_id for s, _ in parts]
         buffer = layer.buffer
         wanted = [self._slot_key(s, off, shifts.get(s.page_id, 0), layer_idx) for s, off in parts]
-        buffer.arrange(wanted, lambda idx: self._slot_kv([parts[i] for i in idx], shifts, layer_idx))
+        # NOTE: in place only when this layer's previous forward was a decode step too: the first step
+        # after a prefill chunk, a graft or an ingest lays the working set out in position order, so what
+        # follows depends on the tokens and selections only, never on how the context was reached
+        # (a graft continues torch.equal to a fresh run)
+        in_place = (q == 1 and self._prev_q.get(layer_idx) == 1 and self.retrieving and self.policy.slots_in_place
+                    and not layer.is_sliding)
+        self._prev_q[layer_idx] = q
+        buffer.arrange(wanted, lambda idx: self._slot_kv([parts[i] for i in idx], shifts, layer_idx),
+                       in_order=not in_place)
         k_all, v_all, k_pos = buffer.views()
         q_pos = torch.arange(end - q, end, device=query.device)
         mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
