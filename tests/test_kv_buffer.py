@@ -38,6 +38,16 @@ def _expected(wanted: list[SlotKey], tail: tuple[int, int]) -> tuple[torch.Tenso
     return torch.cat(ks, 1)[None], torch.cat(vs, 1)[None], torch.cat(ps)
 
 
+def _buffer_with_tail(start: int, end: int) -> WorkingSetBuffer:
+    """An empty buffer whose tail holds positions [start, end)."""
+    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
+    buf.reset(start)
+    if end > start:
+        k, v = _page(start, end)
+        buf.append(k[None], v[None])
+    return buf
+
+
 def _arrange(buf: WorkingSetBuffer, wanted: list[SlotKey], tail: tuple[int, int]) -> list[list[int]]:
     calls: list[list[int]] = []
     buf.arrange(wanted, _filler(calls, wanted))
@@ -60,10 +70,7 @@ def test_append_and_seal_front_move_nothing():
 
 
 def test_arrange_fills_only_slots_whose_key_or_place_changed():
-    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
-    k, v = _page(40, 43)
-    buf.reset(40)
-    buf.append(k[None], v[None])
+    buf = _buffer_with_tail(40, 43)
     a, b, c, d = (SlotKey(s, s + 8, 0, 0, 0) for s in (0, 8, 16, 24))
     assert _arrange(buf, [a, b, c], (40, 43)) == [[0, 1, 2]]
     assert _arrange(buf, [a, d, c], (40, 43)) == [[1]]  # same length: c keeps its place
@@ -75,10 +82,7 @@ def test_arrange_fills_only_slots_whose_key_or_place_changed():
 
 
 def test_arrange_keeps_the_largest_group_in_place():
-    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
-    buf.reset(100)
-    k, v = _page(100, 105)
-    buf.append(k[None], v[None])
+    buf = _buffer_with_tail(100, 105)
     pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 96, 8)]
     assert _arrange(buf, pages[2:], (100, 105)) == [list(range(10))]
     copied = buf.num_copied_tokens
@@ -106,10 +110,7 @@ def _arrange_in_place(buf: WorkingSetBuffer, wanted: list[SlotKey], tail: tuple[
 
 
 def test_in_place_arrange_copies_only_pages_that_joined():
-    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
-    buf.reset(200)
-    k, v = _page(200, 203)
-    buf.append(k[None], v[None])
+    buf = _buffer_with_tail(200, 203)
     pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 200, 8)]
     assert _arrange_in_place(buf, pages[:10], (200, 203)) == [list(range(10))]
     copied = buf.num_copied_tokens
@@ -127,8 +128,7 @@ def test_in_place_arrange_copies_only_pages_that_joined():
 
 
 def test_in_place_arrange_relays_out_in_order_when_holes_pile_up():
-    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
-    buf.reset(100)
+    buf = _buffer_with_tail(100, 100)
     pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 96, 8)]
     _arrange_in_place(buf, pages, (100, 100))
     _arrange_in_place(buf, pages[:8], (100, 100))  # 4 of 12 slots are holes: a third, kept
@@ -140,8 +140,7 @@ def test_in_place_arrange_relays_out_in_order_when_holes_pile_up():
 @pytest.mark.parametrize("kind", ["sdpa", "eager"])
 def test_holes_are_masked_out(kind):
     # A hole's stale keys must never be attended: the mask built from the positions drops them.
-    buf = WorkingSetBuffer(H, D, torch.float32, "cpu")
-    buf.reset(64)
+    buf = _buffer_with_tail(64, 64)
     pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 64, 8)]
     _arrange_in_place(buf, pages, (64, 64))
     _arrange_in_place(buf, pages[:3] + pages[4:], (64, 64))

@@ -35,6 +35,10 @@ HOLE_POS = 1 << 62  # position of a hole's tokens: after every query, so no caus
 _HOLE = -1  # SlotKey.source of a hole (stale bytes of a slot no longer wanted)
 
 
+def _hole_tokens(slots: Sequence["SlotKey"]) -> int:
+    return sum(key.num_tokens for key in slots if key.source == _HOLE)
+
+
 class SlotKey(NamedTuple):
     """What a slot holds: tokens [start + offset, end) of the page spanning [start, end), moved by
     `shift` positions, from `source` (0: the stored page; else the id of the re-encoded K/V it came from)."""
@@ -154,7 +158,7 @@ class WorkingSetBuffer:
     # ------------------------------------------------------------------ the slots
     @property
     def num_hole_tokens(self) -> int:
-        return sum(key.num_tokens for key in self.slots if key.source == _HOLE)
+        return _hole_tokens(self.slots)
 
     def arrange(self, wanted: list[SlotKey], fill: Fill, *, in_order: bool = True) -> None:
         """Make the slots exactly `wanted` (in order; with `in_order=False`, `_arrange_in_place`), then the tail.
@@ -194,17 +198,10 @@ class WorkingSetBuffer:
         fits = [(w, -abs(base - self.lo), base) for base, w in votes.items() if room // 4 <= base <= room - room // 4]
         base = max(fits)[2] if fits else room // 2
         changed = [i for i, (key, rr) in enumerate(zip(wanted, rel)) if at.get(key) != base + rr]
-        tail = None
-        if t and old_tail != base + new_p:
-            # NOTE: clone first: fills may overwrite the old tail region, and the two ranges may overlap
-            tail = (self.k[:, :, old_tail:old_tail + t].clone(), self.v[:, :, old_tail:old_tail + t].clone(),
-                    self.pos[old_tail:old_tail + t].clone())
+        tail = self._take_tail() if t and old_tail != base + new_p else None
         self._write_slots([wanted[i] for i in changed], [base + rel[i] for i in changed],
                           fill(changed) if changed else [])
-        if tail is not None:
-            dst = base + new_p
-            self.k[:, :, dst:dst + t], self.v[:, :, dst:dst + t], self.pos[dst:dst + t] = tail
-            self.num_copied_tokens += t
+        self._put_tail(tail, base + new_p)
         self.slots, self.lo, self.num_slot_tokens = list(wanted), base, new_p
         self._drop_refs(wanted)
 
@@ -219,6 +216,19 @@ class WorkingSetBuffer:
             first = key.start + key.offset
             self.pos[dst:dst + n] = torch.arange(first, first + n, device=self.device)
             self.num_copied_tokens += n
+
+    def _take_tail(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A copy of the tail's K, V and positions, to be put back elsewhere (`_put_tail`). NOTE: a copy,
+        because slot fills may overwrite the old tail region, and the two ranges may overlap."""
+        a, t = self.lo + self.num_slot_tokens, self.num_tail
+        return self.k[:, :, a:a + t].clone(), self.v[:, :, a:a + t].clone(), self.pos[a:a + t].clone()
+
+    def _put_tail(self, tail: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, dst: int) -> None:
+        if tail is None:
+            return
+        t = self.num_tail
+        self.k[:, :, dst:dst + t], self.v[:, :, dst:dst + t], self.pos[dst:dst + t] = tail
+        self.num_copied_tokens += t
 
     def _drop_refs(self, wanted: list[SlotKey]) -> None:
         """Forget the sources no wanted slot reads."""
@@ -256,27 +266,26 @@ class WorkingSetBuffer:
                 out.append(SlotKey(0, key.num_tokens - wanted[placed[j]].num_tokens, 0, 0, _HOLE))
         out += [wanted[i] for i in appended]
         num_slot_tokens = sum(key.num_tokens for key in out)
-        if 3 * sum(key.num_tokens for key in out if key.source == _HOLE) > num_slot_tokens:
+        if 3 * _hole_tokens(out) > num_slot_tokens:
             return False
         t, grow = self.num_tail, num_slot_tokens - self.num_slot_tokens
         if self.lo + num_slot_tokens + t > self.capacity:
             self._make_room(grow)  # moves the contents (holes included) and `lo`
-        tail = None
-        if t and grow:  # NOTE: clone first: appended slots overwrite the old tail
-            a = self.lo + self.num_slot_tokens
-            tail = (self.k[:, :, a:a + t].clone(), self.v[:, :, a:a + t].clone(), self.pos[a:a + t].clone())
+        tail = self._take_tail() if t and grow else None  # appended slots overwrite the old tail
+        # NOTE: positions are written only where a slot just became a hole (a hole's remainder already
+        # holds HOLE_POS) and where a new slot goes
         fresh, at, dst = {wanted[i] for i in new}, {}, self.lo
-        for key in out:
-            if key.source == _HOLE:
+        for j, key in enumerate(layout):
+            if key.source == _HOLE and self.slots[j].source != _HOLE:
                 self.pos[dst:dst + key.num_tokens] = HOLE_POS
-            elif key in fresh:
+            dst += key.num_tokens
+        dst = self.lo
+        for key in out:
+            if key in fresh:
                 at[key] = dst
             dst += key.num_tokens
         self._write_slots([wanted[i] for i in new], [at[wanted[i]] for i in new], fill(new) if new else [])
-        if tail is not None:
-            a = self.lo + num_slot_tokens
-            self.k[:, :, a:a + t], self.v[:, :, a:a + t], self.pos[a:a + t] = tail
-            self.num_copied_tokens += t
+        self._put_tail(tail, self.lo + num_slot_tokens)
         self.slots, self.num_slot_tokens = out, num_slot_tokens
         self._drop_refs(wanted)
         return True
