@@ -9,7 +9,8 @@
                                  vs  allocating and copying the same bytes (clone)
     deposit                      deposit() of N tokens (canonical 128-token chunks, pages sealed
                                  and written) vs plain prefill of the same tokens (512-token chunks,
-                                 and the canonical 128-token chunks)
+                                 and the canonical 128-token chunks); and the canonical chunks'
+                                 plain prefill vs 512-token chunks: what the schedule alone costs
 
 Every graft's first-token logits are checked SHA-256-equal to a fresh prefill's. Each repeat runs
 every measurement once, in the same order, so a busy neighbour slows ceilings and restores alike.
@@ -154,8 +155,13 @@ def main() -> None:
             rows.append({"figure": "deposit", "value": tok_s["deposit"], "unit": "tok/s",
                          "ceiling": f"plain prefill, canonical {page_size}-token chunks",
                          "ceiling_value": tok_s["prefill_canonical"],
-                         "ratio": tok_s["deposit"] / tok_s["prefill_canonical"],
-                         "ceiling_seconds_all": dep["prefill_canonical"]})
+                         "ratio": tok_s["deposit"] / tok_s["prefill_canonical"], "target": 0.95,
+                         "seconds_all": dep["deposit"], "ceiling_seconds_all": dep["prefill_canonical"]})
+            rows.append({"figure": "plain prefill, canonical chunks (the exactness schedule's own price)",
+                         "value": tok_s["prefill_canonical"], "unit": "tok/s",
+                         "ceiling": "plain prefill, 512-token chunks", "ceiling_value": tok_s["prefill_512"],
+                         "ratio": tok_s["prefill_canonical"] / tok_s["prefill_512"],
+                         "seconds_all": dep["prefill_canonical"], "ceiling_seconds_all": dep["prefill_512"]})
             for r in range(1, args.deposit_repeats):
                 import shutil
                 shutil.rmtree(f"{tmp}/deposit{r}", ignore_errors=True)

@@ -42,6 +42,8 @@ _KEY_BATCH = 1024
 _MAX_WRITE_ATTEMPTS = 16
 _DISK_SLACK = 16 << 20  # free bytes under which an I/O error means "disk full"
 _MIN_DATA_NBYTES = 2 * 4096  # LMDB's two meta pages
+_EXTEND_PIECE = 1 << 20  # zeros written past the end of data.mdb in pieces of this size (see _extend_file)
+_EXTEND_SLACK = 64 << 10  # plus 1/64 of the values: room for the B-tree pages a transaction adds
 _RESTORE_HINT = ("restore the store from a backup, or re-import or re-deposit its artifacts into a new store; if "
                  "this state is intended (an older backup put back on purpose), delete its tieredkv.commit "
                  "file to accept it as it is")
@@ -167,14 +169,17 @@ class LMDBTier(Tier):
                 with self._writer.hold():  # a store made before commit records: start one now
                     write_record(self.path, self._record_now())
 
+    def _used_nbytes(self) -> int:
+        """Where LMDB's last committed page ends in data.mdb."""
+        return (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+
     def _check_size(self) -> None:
-        info, psize = self._env.info(), self._env.stat()["psize"]
-        need = (info["last_pgno"] + 1) * psize
+        need = self._used_nbytes()
         have = os.path.getsize(os.path.join(self.path, "data.mdb"))
         if have < need:
             raise StoreIntegrityError(
                 f"store {self.path}: data.mdb is {have} bytes but its last committed page ends at byte "
-                f"{need} (transaction {info['last_txnid']}): the file was truncated and cannot be read — "
+                f"{need} (transaction {self._env.info()['last_txnid']}): the file was truncated and cannot be read — "
                 f"{_RESTORE_HINT}")
 
     def _open_dbs(self, record: CommitRecord | None) -> dict:
@@ -309,6 +314,8 @@ class LMDBTier(Tier):
                 record, _ = read_record(self.path)
                 if record is not None and forget_manifest in record.manifests:
                     write_record(self.path, record.without(forget_manifest), durable=True)
+            if nbytes_hint:
+                self._extend_file(nbytes_hint)
             for _ in range(_MAX_WRITE_ATTEMPTS - 1):
                 try:
                     with self._env.begin(write=True) as txn:
@@ -339,6 +346,36 @@ class LMDBTier(Tier):
                     return out
             raise StoreFullError(f"write to {self.path} still did not fit after "
                                  f"{_MAX_WRITE_ATTEMPTS} map resizes; nothing was written")
+
+    def _extend_file(self, nbytes: int) -> None:
+        """Write zeros past the end of data.mdb, in 1 MB pieces, where a transaction of `nbytes` will
+        append its pages, so that LMDB's commit overwrites pages already in the page cache.
+
+        NOTE: LMDB writes a page run of several MB with one writev; the kernel (ext4, Linux 6.x) caches
+        it in 2 MB folios, and on VMs that report free memory to the host (Firecracker, this project's
+        CI) a 2 MB folio costs a host fault to fill the first time: about 90 MB/s, against about
+        5 GB/s for the same bytes written in 1 MB pieces (docs/PERFORMANCE.md, "Deposit"). Only bytes
+        past the end of the file are written (LMDB never reads past its last committed page), never
+        past the map; a failure (disk full) is left to LMDB's own write to report.
+        """
+        path = os.path.join(self.path, "data.mdb")
+        want = min(self._used_nbytes() + nbytes + nbytes // 64 + _EXTEND_SLACK, self.map_size)
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            size = os.fstat(fd).st_size
+            zeros = memoryview(bytes(_EXTEND_PIECE))
+            while size < want:
+                written = os.pwrite(fd, zeros[:min(_EXTEND_PIECE - size % _EXTEND_PIECE, want - size)], size)
+                if written <= 0:
+                    break
+                size += written
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def _grow(self, nbytes_hint: int) -> None:
         cur = self.map_size

@@ -142,7 +142,7 @@ class Page(PageHeader):
                 f"expected K and V for {layout.num_layers} layers, got "
                 f"{len(keys)} and {len(values)}")
         want = (layout.num_kv_heads, num_tokens, layout.head_dim)
-        parts: list[bytes] = []
+        parts: list = []  # NOTE: uint8 numpy views, joined once below (one copy of the K/V, not two)
         for layer in range(layout.num_layers):
             for name, t in (("keys", keys[layer]), ("values", values[layer])):
                 if t.dim() == 4 and t.shape[0] == 1:
@@ -152,7 +152,7 @@ class Page(PageHeader):
                         f"{name}[{layer}] is {tuple(t.shape)} {t.dtype}; layout expects "
                         f"{want} {layout.torch_dtype}")
                 t = t.detach().to("cpu").contiguous()
-                parts.append(t.view(torch.uint8).numpy().tobytes())  # bf16-safe
+                parts.append(t.view(torch.uint8).numpy())  # bf16-safe
         payload = b"".join(parts)
         key = page_key(fingerprint, parent_key, ids, start)
         return cls(key=key, parent_key=parent_key, fingerprint=fingerprint, start=int(start),
@@ -272,8 +272,9 @@ def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memory
     for name in ("key", "parent_key", "fingerprint", "payload_sha256", "header_sha256"):
         _check_hex64(name, hdr[name])
     ids = hdr["token_ids"]
-    if not isinstance(ids, list) or not all(is_int(t) and _INT32_MIN <= t <= _INT32_MAX
-                                            for t in ids):
+    # NOTE: json gives int, bool, float, ... exactly (never a subclass); type() is bool-safe and C-speed
+    if not isinstance(ids, list) or not set(map(type, ids)) <= {int} or \
+            (ids and (min(ids) < _INT32_MIN or max(ids) > _INT32_MAX)):
         raise bad("token_ids must be a list of int32")
     if not is_int(hdr["start"]):
         raise bad("start must be an int")

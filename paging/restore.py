@@ -139,6 +139,39 @@ def restore_pages(store: "PageStore", keys: Sequence[str], *, buffer: torch.Tens
     return Restored(results, kv, stats)
 
 
+def _check_stored(key: str, raw: memoryview | None) -> PageHeader | CorruptPageError | None:
+    """One stored value checked in place (worker thread): framing, header, SHA-256 of the payload."""
+    if raw is None:
+        return None
+    try:
+        header, payload = Page.open_bytes(raw, expected_key=key)
+    except CorruptPageError as exc:
+        return exc
+    if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
+        return CorruptPageError(key, "payload_sha256 mismatch: the payload was altered")
+    return header
+
+
+def verify_stored(store: "PageStore", keys: Sequence[str], *, workers: int | None = None
+                  ) -> list[PageHeader | None]:
+    """Headers of `keys` as LMDB holds them (None where absent), each value SHA-256-verified in place:
+    zero-copy views from one read transaction, hashed on all cores. What a reader of the disk gets,
+    never the host copy. A value that fails is quarantined and CorruptPageError raised."""
+    keys = list(keys)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(keys) or 1))
+    with store.lmdb_tier.views(keys) as raws:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tieredkv-verify") as pool:
+            results = list(pool.map(_check_stored, keys, raws))
+        bad = next(((k, bytes(r), res) for k, r, res in zip(keys, raws, results)
+                    if isinstance(res, CorruptPageError)), None)
+        del raws  # NOTE: drop every view of the map before the transaction ends
+    if bad is not None:
+        store.lmdb_tier.quarantine(bad[0], bad[1])
+        raise bad[2]
+    store.lmdb_tier.note_verified(len(keys) - results.count(None))
+    return results
+
+
 def _plan(keys, host_hits, raws) -> tuple[PageLayout, list[int]] | None:
     """(layout, tokens per page), from host headers and LMDB value lengths; None when a page is
     missing or a value cannot be a page of that layout (the slow path reports why)."""

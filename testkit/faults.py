@@ -66,6 +66,18 @@ def audit_store(path: str | os.PathLike) -> dict[str, Any]:
             "artifacts": complete, "partial": partial, "orphan_pages": len(pages - referenced)}
 
 
+def lmdb_used_nbytes(path: str | os.PathLike) -> int:
+    """Where the last committed page of the store at `path` ends in data.mdb. The file may be longer:
+    writers extend it ahead of LMDB (paging/lmdb_tier.py `_extend_file`)."""
+    import lmdb
+
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True, max_dbs=4)
+    try:
+        return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    finally:
+        env.close()
+
+
 def sha256_file(path: str | os.PathLike) -> str | None:
     try:
         with open(path, "rb") as f:

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from paging import PageStore, StoreFullError
-from testkit.faults import (PAGE_SIZE, ForkRunner, audit_store, corpus_text, fsize_target, make_store,
-                                   store_config)
+from testkit.faults import (PAGE_SIZE, ForkRunner, audit_store, corpus_text, fsize_target, lmdb_used_nbytes,
+                            make_store, store_config)
 from tieredkv.models import load_model
 from tieredkv.artifacts.portable import ArtifactWriteError, export_artifact, import_artifact
 
@@ -62,7 +62,7 @@ def test_export_to_a_full_disk_leaves_no_file_and_no_temp(runner, world, tmp_pat
 
 def test_import_to_a_full_disk_is_a_clean_error_and_loses_nothing(runner, world, tmp_path):
     store = _fresh_base(world, tmp_path / "s")
-    limit = os.path.getsize(store / "data.mdb") + 64 * 1024
+    limit = lmdb_used_nbytes(store) + 64 * 1024  # past the committed pages, inside any extended tail
     r = runner.call(fsize_target, ("import", limit, str(store), str(world["big_file"]), None))
     assert not r["ok"] and r["error"] in STORE_ERRORS, r
     assert _base_intact(world, store)
@@ -73,7 +73,7 @@ def test_import_to_a_full_disk_is_a_clean_error_and_loses_nothing(runner, world,
 
 def test_deposit_to_a_full_disk_is_a_clean_error_and_loses_nothing(runner, world, tmp_path):
     store = _fresh_base(world, tmp_path / "s")
-    limit = os.path.getsize(store / "data.mdb") + 64 * 1024
+    limit = lmdb_used_nbytes(store) + 64 * 1024  # past the committed pages, inside any extended tail
     r = runner.call(fsize_target, ("deposit", limit, str(store), corpus_text(1500, seed=23), None))
     assert not r["ok"] and r["error"] in STORE_ERRORS, r
     assert _base_intact(world, store)

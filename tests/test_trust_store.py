@@ -21,6 +21,7 @@ import pytest
 
 from paging import LMDBTier, PageStore, StoreConfig
 from paging.errors import StoreLockError
+from testkit.faults import lmdb_used_nbytes
 from testkit.trust_faults import ENV, cli_many
 from tieredkv.artifacts.artifact import deposit, graft
 from tieredkv.artifacts.check import check_store
@@ -197,7 +198,7 @@ def test_the_writer_lock_serialises_write_transactions_of_two_processes(tmp_path
 # -- case 4: data.mdb truncated -----------------------------------------------------------------------
 def test_case4_a_truncated_data_mdb_is_a_clear_error_at_open_never_sigbus(two_artifacts, tmp_path):
     store, a, _ = two_artifacts
-    size = (store / "data.mdb").stat().st_size
+    size = lmdb_used_nbytes(store)  # the committed pages end here; the file may run on (zeros written ahead)
     commands, stores = [], []
     for cut in (0, 100, 8192, 12288, size // 2, size - 4096):
         copy = tmp_path / f"cut{cut}"
@@ -219,6 +220,21 @@ def test_case4_a_truncated_data_mdb_is_a_clear_error_at_open_never_sigbus(two_ar
         assert "truncated" in result["err"], result
     for copy in stores:  # nothing was written: no deposit went ahead on an empty or short file
         assert (copy / "data.mdb").stat().st_size <= size
+
+
+def test_a_cut_in_the_tail_written_ahead_is_no_damage(two_artifacts, tmp_path):
+    """Writers extend data.mdb with zeros before LMDB appends (paging/lmdb_tier.py `_extend_file`): losing that
+    tail loses no committed page, so the store opens healthy and takes the next deposit."""
+    store, a, _ = two_artifacts
+    used, size = lmdb_used_nbytes(store), (store / "data.mdb").stat().st_size
+    assert size > used, "the last deposit extended the file ahead of its pages"
+    copy = tmp_path / "cut"
+    shutil.copytree(store, copy)
+    os.truncate(copy / "data.mdb", used)
+    check, dep = cli_many(["check", "--store", str(copy)],
+                          ["deposit", "--model", "tiny-llama", "--store", str(copy), "--text", _text(9000), "--quiet"])
+    assert check["rc"] == 0 and json.loads(check["out"])["healthy"], check
+    assert dep["rc"] == 0, dep
 
 
 # -- case 6: a corrupt byte in a stored key -------------------------------------------------------------

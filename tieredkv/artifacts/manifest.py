@@ -21,6 +21,8 @@ from typing import Any, Iterator
 from paging import ROOT_KEY, Page, PageStore
 from paging.errors import CorruptPageError, StoreIntegrityError
 from paging.framing import strict_json
+from paging.page import PageHeader
+from paging.restore import verify_stored
 from tieredkv.artifacts.artifact import Artifact, artifact_id
 from tieredkv.artifacts.artifact import chain_fingerprint as _chain_fingerprint
 from tieredkv.errors import TieredKVError
@@ -88,7 +90,7 @@ class ChainWalker:
         self.page_fp = verify_artifact(art)
         self.parent, self.pos, self.index = ROOT_KEY, 0, 0
 
-    def step(self, page: Page) -> None:
+    def step(self, page: PageHeader) -> None:
         art, key = self.art, self.art.page_keys[self.index]
         if page.key != key or page.parent_key != self.parent or page.start != self.pos or \
                 page.fingerprint != self.page_fp:
@@ -109,6 +111,11 @@ def check_root(art: Artifact, root: Page) -> None:
                                          f"{art.num_tokens})")
 
 
+def _lost(store: PageStore, art: Artifact, key: str) -> StoreIntegrityError:
+    return StoreIntegrityError(f"page {key} of artifact {art.artifact_id} is not in {store.path} after it was "
+                               f"written; the store lost a committed write — run `tieredkv check`")
+
+
 def iter_pages(store: PageStore, art: Artifact, *, local_only: bool = False) -> Iterator[Page]:
     """Every page of `art` in order, SHA-256-verified by the store, with the hash chain checked.
 
@@ -118,8 +125,7 @@ def iter_pages(store: PageStore, art: Artifact, *, local_only: bool = False) -> 
     for key in art.page_keys:
         page = store.lmdb_tier.get(key) if local_only else store.get(key)  # raises CorruptPageError
         if page is None:
-            raise StoreIntegrityError(f"page {key} of artifact {art.artifact_id} is not in {store.path} after it "
-                                      f"was written; the store lost a committed write — run `tieredkv check`")
+            raise _lost(store, art, key)
         walker.step(page)
         yield page
 
@@ -130,5 +136,8 @@ def read_back(store: PageStore, art: Artifact) -> None:
     if parse_manifest(data, stored_as=art.artifact_id, where=store.path) != art:
         raise StoreIntegrityError(f"manifest {art.artifact_id} read back from {store.path} differs from the one "
                                   "written; run `tieredkv check`")
-    for _ in iter_pages(store, art, local_only=True):
-        pass
+    walker = ChainWalker(art)
+    for key, header in zip(art.page_keys, verify_stored(store, art.page_keys)):  # zero-copy, all cores
+        if header is None:
+            raise _lost(store, art, key)
+        walker.step(header)
