@@ -347,13 +347,19 @@ def test_ingest_reports_success_only_for_what_lmdb_gives_back(tiny_model, tmp_pa
     with tiered(lm, tmp_path, cfg) as tm:
         art = tm.ingest(_ids(300, 3))  # the real read-back passes
         assert tm.store.lmdb_tier.get(art.page_keys[1]) is not None
-        real_get = tm.store.lmdb_tier.get
+        real_get, real_views = tm.store.lmdb_tier.get, tm.store.lmdb_tier.views
         lost = set()
 
         def get(key):
             return None if key in lost else real_get(key)
 
+        @contextlib.contextmanager
+        def views(keys):  # the zero-copy reads the read-back verifies
+            with real_views(keys) as raws:
+                yield [None if key in lost else raw for key, raw in zip(keys, raws)]
+
         monkeypatch.setattr(tm.store.lmdb_tier, "get", get)
+        monkeypatch.setattr(tm.store.lmdb_tier, "views", views)
         doc = _ids(300, 4)
         tm.reset()
         original_put = tm.store.put_manifest

@@ -1,0 +1,73 @@
+"""Grouped K/V heads without `repeat_kv`: a masked prefill chunk on CPU runs SDPA with `enable_gqa` over the
+working set (tieredkv/attention.py), and must give the bytes transformers' `repeat_kv` path gives."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import repeat_kv
+
+import tieredkv.attention as attention
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import prefill
+from tieredkv.tiered_config import TieredConfig
+from tieredkv.tiered_model import TieredModel
+
+SHAPES = [  # (query heads, K/V heads, queries, keys, head dim)
+    (9, 3, 128, 3000, 64),  # smollm2
+    (4, 2, 64, 300, 16),  # tiny-llama
+    (8, 2, 129, 1000, 64),
+    (4, 1, 2, 70, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_enable_gqa_gives_the_bytes_of_repeat_kv(dtype, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for hq, hkv, q, n, d in SHAPES:
+            query = torch.randn(1, hq, q, d, generator=gen).to(dtype)
+            key, value = (torch.randn(1, hkv, n, d, generator=gen).to(dtype) for _ in range(2))
+            keep = torch.rand(1, 1, q, n, generator=gen) > 0.3
+            keep[..., 0] = True  # every query sees a key
+            for mask in (keep, torch.zeros(1, 1, q, n, dtype=dtype).masked_fill(~keep, float("-inf"))):
+                want = torch.nn.functional.scaled_dot_product_attention(
+                    query, repeat_kv(key, hq // hkv), repeat_kv(value, hq // hkv), attn_mask=mask, scale=d ** -0.5)
+                got, _ = attention._sdpa_grouped(query, key, value, mask, scaling=d ** -0.5)
+                assert torch.equal(got, want.transpose(1, 2).contiguous()), (hq, hkv, q, n, d, dtype, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_tiered_prefill_takes_the_grouped_path_and_equals_plain_hf(smollm2, tmp_path, monkeypatch):
+    calls = []
+    real = attention._sdpa_grouped
+    monkeypatch.setattr(attention, "_sdpa_grouped", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    ids = smollm2.codec.encode("Grouped heads read one copy of the working set. " * 40)[:384]
+    with PageStore(tmp_path, StoreConfig()) as store:
+        tm = TieredModel(smollm2, store, TieredConfig(chunk_pages=1))
+        try:
+            got = torch.cat([tm(torch.tensor([ids[s:s + 128]]), logits_to_keep=0).logits[0]
+                             for s in range(0, len(ids), 128)])
+        finally:
+            tm.close()
+    cache = DynamicCache(config=smollm2.model.config)
+    want = []
+    prefill(smollm2, ids, cache, page_size=128, logits_to_keep=0, on_chunk=lambda s, e, out: want.append(out.logits[0]))
+    # every layer of the second and third chunk; the first needs no mask (plain causal) and stays with transformers
+    assert len(calls) == 2 * smollm2.model.config.num_hidden_layers
+    assert torch.equal(got, torch.cat(want))
+
+
+def test_decode_steps_and_cuda_keep_transformers_path():
+    module = type("M", (), {"num_key_value_groups": 3})()
+    mask = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    assert not attention._grouped_on_cpu(module, torch.zeros(1, 9, 1, 8), mask, {})  # decode: pack_gqa there
+    assert attention._grouped_on_cpu(module, torch.zeros(1, 9, 2, 8), mask, {})
+    assert not attention._grouped_on_cpu(module, torch.zeros(1, 9, 2, 8), mask, {"softcap": 50.0})
+    assert not attention._grouped_on_cpu(module, torch.zeros(1, 9, 2, 8), None, {})
+    assert not attention._grouped_on_cpu(type("M", (), {"num_key_value_groups": 1})(), torch.zeros(1, 9, 2, 8),
+                                         mask, {})
