@@ -7,12 +7,16 @@
     LMDB           ── zero-copy view (one read transaction) ── SHA-256 while copied ────┼─> out[:, :, :, s:e]
     neither / bad  ── PageStore.get: remote read-through, quarantine, typed errors ─────┘
 
-Worker threads take whole pages: parse and check the header, then per layer hash the page's
-[2, Hkv, T, D] block and copy it into place while it is still in cache. hashlib and
-numpy's copy release the GIL on buffers this large, so hashing runs on every core (and one page's
-header parse overlaps another's hashing). A page whose SHA-256 does not match is never returned:
-its bytes are quarantined and the page is read again through `PageStore.get`, which heals it from
-a remote or raises CorruptPageError.
+Worker threads take whole pages: parse and check the header, then hash the page and copy it
+into place while it is still in cache. hashlib and numpy's copy release the GIL on buffers this
+large, so hashing runs on every core (and one page's header parse overlaps another's hashing).
+The threads are the store's own (`PageStore.hash_pool`), started once. A page whose SHA-256 does
+not match is never copied and never returned: its bytes are quarantined and the page is read
+again through `PageStore.get`, which heals it from a remote or raises CorruptPageError.
+
+NOTE: hashing and copying a piece at a time while it sits in a core's L2 measured no faster than
+page by page (this VM's 260 MB L3 holds a page between the two): the copy is bound by memory
+writes, which is why restore stays near 0.75 of hashing alone (docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
@@ -122,7 +126,7 @@ def restore_pages(store: "PageStore", keys: Sequence[str], *, buffer: torch.Tens
             layout, num_tokens = counts[0], sum(counts[1])
             kv = torch.empty((layout.num_layers, 2, layout.num_kv_heads, num_tokens, layout.head_dim),
                              dtype=layout.torch_dtype) if buffer is None else kv_view(buffer, layout, num_tokens)
-            results = _copy_all(keys, host_hits, raws, counts[1], kv, layout, workers)
+            results = _copy_all(store, keys, host_hits, raws, counts[1], kv, layout, workers)
             corrupt = {i: (bytes(raws[i]), r) for i, r in enumerate(results) if isinstance(r, CorruptPageError)}
         # NOTE: drop every view of the map before the transaction ends
         del raw_views, raws
@@ -160,8 +164,7 @@ def verify_stored(store: "PageStore", keys: Sequence[str], *, workers: int | Non
     keys = list(keys)
     workers = max(1, min(workers or os.cpu_count() or 1, len(keys) or 1))
     with store.lmdb_tier.views(keys) as raws:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tieredkv-verify") as pool:
-            results = list(pool.map(_check_stored, keys, raws))
+        results = _map(store, workers, _check_stored, keys, raws)
         bad = next(((k, bytes(r), res) for k, r, res in zip(keys, raws, results)
                     if isinstance(res, CorruptPageError)), None)
         del raws  # NOTE: drop every view of the map before the transaction ends
@@ -201,8 +204,8 @@ def _plan(keys, host_hits, raws) -> tuple[PageLayout, list[int]] | None:
     return layout, counts
 
 
-def _copy_all(keys, host_hits, raws, counts, kv: torch.Tensor, layout: PageLayout, workers: int
-              ) -> list[PageHeader | CorruptPageError]:
+def _copy_all(store: "PageStore", keys, host_hits, raws, counts, kv: torch.Tensor, layout: PageLayout,
+              workers: int) -> list[PageHeader | CorruptPageError]:
     out = kv.view(torch.uint8).numpy()  # [L, 2, Hkv, N, D * itemsize]: bytes, whatever the dtype (bf16)
     jobs, at = [], 0
     for i, (key, hit, raw, t) in enumerate(zip(keys, host_hits, raws, counts)):
@@ -215,10 +218,17 @@ def _copy_all(keys, host_hits, raws, counts, kv: torch.Tensor, layout: PageLayou
             job.raw = raw
         jobs.append(job)
         at += t
+    return _map(store, workers, lambda j: _run(j, layout), jobs)
+
+
+def _map(store: "PageStore", workers: int, fn, *items) -> list:
+    """`list(map(fn, *items))` on `workers` threads: the store's own pool when that is one per core."""
     if workers == 1:
-        return [_run(j, layout) for j in jobs]
+        return list(map(fn, *items))
+    if workers == (os.cpu_count() or 1):
+        return list(store.hash_pool().map(fn, *items))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tieredkv-restore") as pool:
-        return list(pool.map(lambda j: _run(j, layout), jobs))
+        return list(pool.map(fn, *items))
 
 
 def _restore_slow(store: "PageStore", keys: list[str], buffer, workers,
@@ -237,5 +247,5 @@ def _restore_slow(store: "PageStore", keys: list[str], buffer, workers,
     num_tokens = sum(counts)
     kv = torch.empty((layout.num_layers, 2, layout.num_kv_heads, num_tokens, layout.head_dim),
                      dtype=layout.torch_dtype) if buffer is None else kv_view(buffer, layout, num_tokens)
-    headers = _copy_all(keys, hits, [None] * len(keys), counts, kv, layout, workers)
+    headers = _copy_all(store, keys, hits, [None] * len(keys), counts, kv, layout, workers)
     return Restored(headers, kv, RestoreStats(fallback_pages=len(keys), nbytes=kv.numel() * kv.element_size()))

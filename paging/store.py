@@ -18,6 +18,8 @@ store knows bytes and tensors, never models.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Container, Hashable, Iterable
 
@@ -124,6 +126,8 @@ class PageStore:
         self._device_lru = LRUPolicy()
         self._remote: RemoteLink | None = None
         self._from_remote: dict[str, bytes] = {}  # manifests the remote served, not yet kept locally
+        self._hash_pool: ThreadPoolExecutor | None = None
+        self._hash_pool_lock = threading.Lock()
         self._closed = False
         url = config.resolved_remote()
         if url is not None:
@@ -266,6 +270,15 @@ class PageStore:
         cores while they are copied; pages only a remote holds, or whose bytes fail, through `get`.
         `buffer`: reusable flat uint8 memory to restore into (no fresh pages to fault in)."""
         return restore_pages(self, list(keys), buffer=buffer, workers=workers)
+
+    def hash_pool(self) -> ThreadPoolExecutor:
+        """The threads that verify and copy pages for `restore` (one per core; started on first use,
+        kept until `close`, so a restore does not pay for starting threads)."""
+        with self._hash_pool_lock:
+            if self._hash_pool is None:
+                self._hash_pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                     thread_name_prefix="tieredkv-restore")
+            return self._hash_pool
 
     def touch_host(self, key: str) -> None:
         """A reader used the host copy of `key` (LRU order)."""
@@ -468,6 +481,8 @@ class PageStore:
             self._close_local()
 
     def _close_local(self) -> None:
+        if self._hash_pool is not None:
+            self._hash_pool.shutdown(wait=True)
         self._device.clear()
         self._host.close()
         self._lmdb.close()

@@ -76,17 +76,36 @@ def test_corrupt_payload_is_never_served_and_is_quarantined(tmp_path):
     with _store(path) as store:
         store.put_many(pages)
     # another process flips a payload byte (LMDB: never open one path twice in a process)
-    import multiprocessing as mp
-    proc = mp.get_context("spawn").Process(target=_flip_in_child, args=(str(path), pages[2].key))
-    proc.start()
-    proc.join(60)
-    assert proc.exitcode == 0
+    _flip_in_child_process(path, pages[2].key)
     with _store(path) as store:
         with pytest.raises(CorruptPageError, match=pages[2].key[:12]):
             store.restore([p.key for p in pages])
         assert store.lmdb_tier.num_quarantined == 1
         with pytest.raises(PageNotFoundError):  # quarantined: a miss from now on, never the bad bytes
             store.restore([p.key for p in pages])
+
+
+def test_corrupt_page_is_never_copied_into_the_buffer(tmp_path):
+    """A page is hashed before it is copied: the slot of a page that fails keeps what it held."""
+    pages = make_chain(4)
+    path = tmp_path / "s"
+    with _store(path) as store:
+        store.put_many(pages)
+    _flip_in_child_process(path, pages[2].key)
+    buffer = torch.full((restore_nbytes(16, LAYOUT),), 7, dtype=torch.uint8)
+    with _store(path) as store:
+        with pytest.raises(CorruptPageError, match=pages[2].key[:12]):
+            store.restore([p.key for p in pages], buffer=buffer)
+    bad = kv_view(buffer, LAYOUT, 16)[:, :, :, 8:12]  # page 2's tokens
+    assert bool((bad.contiguous().view(torch.uint8) == 7).all())
+
+
+def _flip_in_child_process(path, key: str) -> None:
+    import multiprocessing as mp
+    proc = mp.get_context("spawn").Process(target=_flip_in_child, args=(str(path), key))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
 
 
 def _flip_in_child(path: str, key: str) -> None:
