@@ -71,3 +71,47 @@ def test_decode_steps_and_cuda_keep_transformers_path():
     assert not attention._grouped_on_cpu(module, torch.zeros(1, 9, 2, 8), None, {})
     assert not attention._grouped_on_cpu(type("M", (), {"num_key_value_groups": 1})(), torch.zeros(1, 9, 2, 8),
                                          mask, {})
+
+
+def test_deposit_takes_the_grouped_path_and_stores_plain_hf_bytes(smollm2, tmp_path, monkeypatch):
+    """deposit() prefills under `grouped_prefill` and skips the LM head; its pages hold exactly the K/V
+    of transformers' own sdpa prefill with the same chunks, and the model is left on its own attention."""
+    from tieredkv.artifacts.artifact import deposit, restore_artifact
+
+    calls = []
+    real = attention._sdpa_grouped
+    monkeypatch.setattr(attention, "_sdpa_grouped", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = smollm2.codec.encode("Deposits read one copy of the prefix per layer. " * 40)[:300]
+    with PageStore(tmp_path, StoreConfig()) as store:
+        art = deposit(smollm2, ids, store)
+        kv = restore_artifact(store, art).kv  # [L, 2, Hkv, N, D]
+    assert smollm2.model.config._attn_implementation == "sdpa"
+    assert len(calls) == 2 * smollm2.model.config.num_hidden_layers  # chunks 2 and 3 (300 tokens)
+    cache = DynamicCache(config=smollm2.model.config)
+    prefill(smollm2, ids, cache, page_size=128)
+    for layer in range(kv.shape[0]):
+        assert torch.equal(kv[layer, 0], cache.layers[layer].keys[0])
+        assert torch.equal(kv[layer, 1], cache.layers[layer].values[0])
+
+
+def test_the_tiered_mask_is_sdpa_s_additive_form_and_gives_the_same_bytes():
+    """The mask function registered for `tiered` turns transformers' bool sdpa mask into 0 / -inf once
+    per forward; SDPA given either (a fully masked query row too) returns the same bytes."""
+    attention.register()
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    kw = dict(batch_size=1, q_length=6, kv_length=20, q_offset=14, mask_function=causal_mask_function,
+              allow_is_causal_skip=False)
+    bool_mask = sdpa_mask(**kw)
+    additive = attention._additive_sdpa_mask(**kw, dtype=torch.float32)
+    assert bool_mask.dtype == torch.bool and additive.dtype == torch.float32
+    assert torch.equal(additive == 0, bool_mask) and bool(torch.isneginf(additive[~bool_mask]).all())
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(1, 4, 6, 16, generator=gen)
+    key, value = (torch.randn(1, 2, 20, 16, generator=gen) for _ in range(2))
+    keep = bool_mask.clone()
+    keep[..., 3, :] = False  # a query that sees no key
+    want = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 2), repeat_kv(value, 2),
+                                                            attn_mask=keep, scale=0.25)
+    for mask in (keep, attention._additive(keep, torch.float32)):
+        got, _ = attention._sdpa_grouped(query, key, value, mask, scaling=0.25)
+        assert torch.equal(got, want.transpose(1, 2).contiguous())

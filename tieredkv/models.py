@@ -221,3 +221,12 @@ def kv_bytes_per_token(model) -> int:
     heads = getattr(c, "num_attention_heads", None) or c.n_head
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     return 2 * layers * num_kv_heads(model) * head_dim * model.dtype.itemsize
+
+
+def forward_for(model, logits_to_keep: int | None) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """What to call for a forward that keeps `logits_to_keep` logits (0 = all), and its extra kwargs.
+    None: no logits are wanted (a prefill that only fills a cache), so only the decoder runs, not the
+    LM head (for smollm2 a 113 MB matrix read once per chunk); the K/V are the same either way."""
+    if logits_to_keep is None:
+        return model.base_model, {}
+    return model, {"logits_to_keep": logits_to_keep}

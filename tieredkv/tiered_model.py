@@ -24,7 +24,7 @@ from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_
 from tieredkv.artifacts.manifest import read_back
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
-from tieredkv.models import LoadedModel, kv_bytes_per_token, load_model, num_kv_heads
+from tieredkv.models import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
 from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.schedule import canonical_chunks
 from tieredkv.tiered_cache import TieredCache, page_summaries
@@ -136,19 +136,21 @@ class TieredModel:
 
     @torch.inference_mode()
     def prefill(self, ids: Sequence[int], *, progress: Callable[[int, int], None] | None = None,
-                logits_to_keep: int = 1):
+                logits_to_keep: int | None = 1):
         """Feed `ids` in chunks of `chunk_pages` pages, cut at multiples of the chunk size (so always at
-        page boundaries); returns the last chunk's logits."""
+        page boundaries); returns the last chunk's logits (None with `logits_to_keep=None`: no LM head)."""
         if not len(ids):
             raise EmptyInputError("nothing to prefill")
         start, out = self.num_tokens, None
         self._check_positions(len(ids))
+        run, extra = forward_for(self.model, logits_to_keep)
         for s, e in canonical_chunks(start, start + len(ids), self.page_size * self.config.chunk_pages):
             x = torch.tensor([list(ids[s - start:e - start])], device=self.model.device)
-            out = self.forward(x, logits_to_keep=logits_to_keep)
+            with attention.activate(self.cache):
+                out = run(input_ids=x, past_key_values=self.cache, use_cache=True, **extra)
             if progress is not None:
                 progress(e - start, len(ids))
-        return out.logits
+        return None if logits_to_keep is None else out.logits
 
     @torch.inference_mode()
     def generate(self, new_ids: Sequence[int], *, max_new_tokens: int = 32, question: str | None = None,
@@ -213,7 +215,7 @@ class TieredModel:
             raise EmptyInputError("the document is empty")
         self.check_disk_budget(len(ids))
         self.reset()
-        self.prefill(ids, progress=progress)
+        self.prefill(ids, progress=progress, logits_to_keep=None)
         self.cache.flush(partial=True)
         domain = self.domain()
         art = Artifact(artifact_id(self.regime_fp, self.cache.page_keys[-1], domain), self.lm.fingerprint, domain,

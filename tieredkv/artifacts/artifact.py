@@ -22,10 +22,11 @@ from transformers.cache_utils import DynamicLayer
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
 from paging.restore import Restored
 from paging.errors import CorruptPageError, ManifestNotFoundError
+from tieredkv import attention
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
-from tieredkv.models import LoadedModel
+from tieredkv.models import LoadedModel, forward_for
 from tieredkv.schedule import canonical_chunks
 
 MANIFEST_FORMAT = 1
@@ -89,22 +90,23 @@ def encode_source(lm: LoadedModel, source: str | Sequence[int]) -> list[int]:
 
 @torch.inference_mode()
 def prefill(lm: LoadedModel, ids: Sequence[int], cache, *, start: int = 0, page_size: int,
-            on_chunk: Callable[[int, int, Any], None] | None = None, logits_to_keep: int = 1,
+            on_chunk: Callable[[int, int, Any], None] | None = None, logits_to_keep: int | None = 1,
             position_offset: int = 0):
     """Canonical prefill of `ids` (absolute positions `[start, start+len)`) into `cache`.
 
-    Returns the logits of the last chunk (its last `logits_to_keep` positions; 0 = all).
+    Returns the logits of the last chunk (its last `logits_to_keep` positions; 0 = all; None = no
+    logits: only the decoder runs, not the LM head, and None is returned; the K/V are the same).
     `position_offset` feeds every token that many positions later (used to measure shifted grafts).
     """
     out = None
+    run, extra = forward_for(lm.model, logits_to_keep)
     for s, e in canonical_chunks(start, start + len(ids), page_size):
         x = torch.tensor([list(ids[s - start:e - start])], device=lm.model.device)
         pos = torch.arange(s + position_offset, e + position_offset, device=lm.model.device)[None]
-        out = lm.model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True,
-                       logits_to_keep=logits_to_keep)
+        out = run(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True, **extra)
         if on_chunk is not None:
             on_chunk(s, e, out)
-    return None if out is None else out.logits
+    return None if out is None or logits_to_keep is None else out.logits
 
 
 def artifact_id(chain_fingerprint: str, root: str, domain: dict[str, Any]) -> str:
@@ -191,30 +193,27 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
         install_kv(cache, restored.kv, lm.model.device)
     writer = PageWriter(store)
 
-    @torch.inference_mode()  # (the mode is per thread)
-    def seal_and_write(layout: PageLayout, s: int, e: int, k, v) -> None:
-        i = s // page_size
-        parent_key = keys[i - 1] if i else ROOT_KEY
-        page = Page.seal(layout, fp, parent_key, s, ids[s:e], k, v)
-        assert page.key == keys[i], "page key does not match the chain computed up front"
-        writer.add(page)
-
     def seal(s: int, e: int, _out) -> None:
         nonlocal layout
         k, v = cache.take()  # this chunk's K/V per layer: fresh tensors, not reused by the next forward
         if layout is None:
             layout = PageLayout(num_layers=len(k), num_kv_heads=k[0].shape[0], head_dim=k[0].shape[-1],
                                 dtype=str(k[0].dtype).replace("torch.", ""), page_size=page_size)
-        behind.submit(seal_and_write, layout, s, e, k, v)
+        i = s // page_size
+        page = Page.seal(layout, fp, keys[i - 1] if i else ROOT_KEY, s, ids[s:e], k, v)
+        assert page.key == keys[i], "page key does not match the chain computed up front"
+        behind.submit(writer.add, page)
         if progress is not None:
             progress(e, len(ids))
 
     start = num_reused * page_size if num_reused < len(keys) else len(ids)
-    # NOTE: pages are sealed (copied, hashed) and written on one background thread, in order, while
-    # the model computes the next chunk: the LMDB commit's fsync and the hashing overlap the forward.
-    # Only that thread touches the store until `behind` is drained.
-    with Behind() as behind:
-        prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)
+    # NOTE: a page is sealed (copied, hashed) here, between two forwards, and written on one background
+    # thread, in order, while the model computes the next chunk: the LMDB commit and its fsync overlap
+    # the forward. Sealing there too slowed the forward by up to 20% (the copy holds the GIL and the
+    # hashing takes a core from the forward's threads; docs/PERFORMANCE.md, "Deposit"). Only that thread
+    # touches the store until `behind` is drained.
+    with Behind() as behind, attention.grouped_prefill(lm.model):
+        prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal, logits_to_keep=None)
     writer.flush()
     if layout is None:  # everything was reused
         layout = store.get(keys[0]).layout
