@@ -135,15 +135,16 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         t0 = time.perf_counter()
         if window_start > tm.num_tokens:
             k = window_start - tm.num_tokens
-            tm.prefill(ids[pos:pos + k])
+            tm.prefill(ids[pos:pos + k], logits_to_keep=None)
             sync()
             pos += k
         t_ingest += time.perf_counter() - t0
         win_s, ref_s = 0.0, []
+        reads_before = store.stats()["integrity"]["verified_reads"]
         while tm.num_tokens < n:
             k = min(n, (tm.num_tokens // chunk + 1) * chunk) - tm.num_tokens
             t0 = time.perf_counter()
-            tm.prefill(ids[pos:pos + k])
+            tm.prefill(ids[pos:pos + k], logits_to_keep=None)  # as TieredModel.ingest: no LM head
             sync()
             dt = time.perf_counter() - t0
             pos += k
@@ -151,6 +152,7 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
             win_s += dt
             if ref_n is not None:
                 ref_s.append(ref.prefill_chunk_s(ref_n, chunk))
+        window_reads = store.stats()["integrity"]["verified_reads"] - reads_before
 
         def step(_tok, _tm=tm):
             logits = _tm.forward(torch.tensor([[int(_tok) % 200 + 32]], device=_tm.model.device), logits_to_keep=1).logits
@@ -172,8 +174,10 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
                "ingest_tokens_per_s": n / t_ingest, "pages": len(tm.cache.spans),
                "retrieving": tm.cache.retrieving, "load_avg_1": round(os.getloadavg()[0], 2),
                "input_sha256": sha256_ids(ids[:pos]), "output_ids_sha256": sha256_ids(out)}
+        row["lmdb_reads"] = st["integrity"]["verified_reads"]  # pages read from LMDB (verified), so far
         if window:
-            row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s})
+            row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s,
+                        "ingest_window_lmdb_reads": window_reads})
         if ref_n is not None:
             row.update({"plain_ref_context": ref_n, "plain_ref_decode_ms_per_token": ref_ms,
                         "decode_vs_plain_ref": ms / ref_ms})

@@ -30,6 +30,7 @@ from .device_tier import DeviceTier, tensors_nbytes
 from .framing import is_int
 from .errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, PagingError
 from .host_tier import HostTier
+from .layer_reads import LayerDigests
 from .lmdb_tier import LMDBTier
 from .page import Page
 from .policy import LRUPolicy
@@ -124,6 +125,7 @@ class PageStore:
         self._device = DeviceTier(config.device_budget_bytes, config.device)
         self._host_lru = LRUPolicy()
         self._device_lru = LRUPolicy()
+        self._layers = LayerDigests()  # pages whose layers a miss may read alone (layer_reads.py)
         self._remote: RemoteLink | None = None
         self._from_remote: dict[str, bytes] = {}  # manifests the remote served, not yet kept locally
         self._hash_pool: ThreadPoolExecutor | None = None
@@ -333,7 +335,12 @@ class PageStore:
             removed = self._remote.remove(key) or removed
         return removed
 
+    def reads_layers(self, key: str) -> bool:
+        """Whether a miss of one layer of `key` reads that layer alone (cheap: no need to prefetch the page)."""
+        return key in self._layers
+
     def _drop_copies(self, key: str) -> None:
+        self._layers.forget(key)
         if self._host.remove(key):
             self._host_lru.forget(key)
         for dkey in [d for d in self._device.keys() if isinstance(d, tuple) and d[0] == key]:
@@ -370,8 +377,18 @@ class PageStore:
 
     def _load_layer(self, key: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh K, V [Hkv, T, D] on `config.device`; straight from pinned host memory
-        (asynchronous copy) when the host tier holds the page pinned."""
+        (asynchronous copy) when the host tier holds the page pinned. A page the host tier does not
+        hold is read whole and verified the first time; later, that one layer is read alone and
+        verified against the digests the whole read left (layer_reads.py)."""
         kv = self._host.pinned_layer(key, layer)  # [2, Hkv, T, D] or None
+        if kv is None and not self._host.contains(key):
+            kv = self._layers.read(self._lmdb, key, layer)
+            if kv is None:
+                page = self.get(key)  # verified (quarantined and healed or raised if corrupt)
+                self._layers.remember(page)
+                return page.layer_kv(layer, device=self.config.device)
+            kv = kv.to(self.config.device)
+            return kv[0], kv[1]
         if kv is None:
             return self.get(key).layer_kv(layer, device=self.config.device)
         self._host_lru.touch(key)
@@ -464,7 +481,8 @@ class PageStore:
             "lmdb": {"pages": lm.num_pages, "bytes": lm.nbytes,
                      "disk_bytes": lm.disk_nbytes, "map_size": lm.map_size,
                      "quarantined": lm.num_quarantined},
-            "integrity": {"verified_reads": lm.verified_reads,
+            "integrity": {"verified_reads": lm.verified_reads, "verified_layer_reads": self._layers.num_reads,
+                          "layer_read_mismatches": self._layers.num_mismatches,
                           "corrupt_detected": lm.corrupt_detected,
                           "quarantined": lm.quarantined},
             **({} if self._remote is None else {"remote": self._remote.stats()}),
@@ -484,6 +502,7 @@ class PageStore:
         if self._hash_pool is not None:
             self._hash_pool.shutdown(wait=True)
         self._device.clear()
+        self._layers.clear()
         self._host.close()
         self._lmdb.close()
 

@@ -117,8 +117,8 @@ def test_stats_exact(tmp_path):
         assert {k: s["lmdb"][k] for k in ("pages", "bytes", "quarantined")} == {
             "pages": 3, "bytes": 3 * NB, "quarantined": 0}
         assert s["lmdb"]["map_size"] == 1 << 30 and s["lmdb"]["disk_bytes"] > 0
-        assert s["integrity"] == {"verified_reads": 1, "corrupt_detected": 0,
-                                  "quarantined": 0}  # p0 came from LMDB once
+        assert s["integrity"] == {"verified_reads": 1, "verified_layer_reads": 0, "layer_read_mismatches": 0,
+                                  "corrupt_detected": 0, "quarantined": 0}  # p0 came from LMDB once
 
 
 @pytest.mark.parametrize("readahead", [True, False])
@@ -156,8 +156,8 @@ def test_corrupt_page_raises_is_quarantined_then_missing(tmp_path):
             store.get(p[0].key)
         assert not store.contains(p[0].key) and store.device_tier.nbytes == 0
         s = store.stats()
-        assert s["integrity"] == {"verified_reads": 0, "corrupt_detected": 1,
-                                  "quarantined": 1}
+        assert s["integrity"] == {"verified_reads": 0, "verified_layer_reads": 0, "layer_read_mismatches": 0,
+                                  "corrupt_detected": 1, "quarantined": 1}
         assert s["lmdb"]["pages"] == 1 and s["lmdb"]["quarantined"] == 1
         store.put(p[0])  # recompute and store again
         assert store.get(p[0].key) == p[0]

@@ -45,8 +45,6 @@ def _sdpa_grouped(query, key, value, mask, dropout: float = 0.0, scaling: float 
     tests/test_attention_gqa.py), so tiered and plain runs stay torch.equal. transformers keeps
     `repeat_kv` for masked chunks because CUDA's fused kernels refuse a mask with `enable_gqa`; on
     CUDA this path is not taken. Decode steps (q == 1) stay with transformers (`pack_gqa`)."""
-    if mask.dtype == torch.bool:
-        mask = _additive(mask, query.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                                            scale=scaling, is_causal=False, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
@@ -55,8 +53,9 @@ def _sdpa_grouped(query, key, value, mask, dropout: float = 0.0, scaling: float 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """SDPA's own first step for a bool mask: True (attend) -> 0, False -> -inf.
 
-    NOTE: the float mask SDPA would build, so the same bytes (tests/test_attention_gqa.py); given it,
-    SDPA's CPU kernel runs ~10% faster on a 128-query chunk than when it converts the bool mask itself."""
+    NOTE: the float mask SDPA would build, so the same bytes (tests/test_attention_gqa.py). Given it,
+    SDPA's CPU kernel skips that conversion (~5% of a 128-query chunk's attention); a mask used by
+    one layer only (TieredCache builds one per layer) gains nothing from converting it here."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 

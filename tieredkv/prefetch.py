@@ -24,8 +24,8 @@ class Prefetcher:
     def submit(self, keys) -> None:
         host = self.store.host_tier
         for key in keys:
-            if key in self._pending or host.contains(key):
-                continue
+            if key in self._pending or host.contains(key) or self.store.reads_layers(key):
+                continue  # NOTE: a page whose layers are read alone costs a layer on demand, not a page here
             self._pending[key] = self._pool.submit(self.store.lmdb_tier.get, key)
             self.counts["submitted"] += 1
 
