@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("file", nargs="?")
     d.add_argument("--text")
     d.add_argument("--name", default="")
-    d.add_argument("--page-size", type=positive_int)
+    d.add_argument("--page-size", type=positive_int,
+                   help="tokens per page and prefill chunk (default: the model's, 128 for smollm2); 512 deposits "
+                        "as fast as a plain prefill on CPU, grafts and reuse then cut at 512-token boundaries")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=cmd_deposit)
 
