@@ -158,6 +158,9 @@ class PageIndex:
         if self.method == "minmax":
             page_ids, upper, lower = self._layer_bounds(layer)
             scores = quest_bound(q, upper, lower)  # [H, N]: every head in one pass
+            keep = _eligible(page_ids, exclude)  # once for every head
+            if keep is not None:
+                page_ids, scores, exclude = page_ids[keep], scores[:, keep], ()
             for h in range(self.num_heads):
                 ids, best = _top_pages(page_ids, scores[h], k, exclude)
                 out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
@@ -321,6 +324,15 @@ def _len_or_zero(exclude: Container[int]) -> int:
         return 0
 
 
+def _eligible(page_ids: np.ndarray, exclude: Container[int]) -> np.ndarray | None:
+    """[N] bool, False where `exclude` holds the page id; None when `exclude` cannot be listed."""
+    if not isinstance(exclude, (set, frozenset, list, tuple, range)):
+        return None
+    if not exclude:
+        return np.ones(len(page_ids), dtype=bool)
+    return ~np.isin(page_ids, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
+
+
 def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
                exclude: Container[int]) -> tuple[np.ndarray, np.ndarray]:
     # page_ids, scores: [N] (one score per page) -> up to k (ids, scores), best first,
@@ -332,10 +344,9 @@ def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
         cand = np.flatnonzero(scores >= threshold)
         page_ids, scores = page_ids[cand], scores[cand]
     order = np.lexsort((page_ids, -scores))
-    if isinstance(exclude, (set, frozenset, list, tuple, range)):
-        # vectorised: drop excluded ids from the ranking, keep the first k (same result as the loop)
-        ranked = page_ids[order]
-        keep = order[~np.isin(ranked, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))][:k]
+    keep = _eligible(page_ids[order], exclude)
+    if keep is not None:  # vectorised: drop excluded ids from the ranking, keep the first k (as the loop)
+        keep = order[keep][:k]
         return page_ids[keep].astype(np.int64), scores[keep].astype(np.float32)
     ids, best = [], []
     for i in order:

@@ -179,3 +179,26 @@ def test_attention_over_buffer_views_is_byte_equal_to_contiguous(q):
     q6 = torch.randn(1, 3, q, 16)
     w = torch.softmax(q6 @ k.transpose(2, 3), -1) @ v
     assert torch.equal(w, torch.softmax(q6 @ k.contiguous().transpose(2, 3), -1) @ v.contiguous())
+
+
+def test_in_place_arrange_rewrites_only_the_keys_of_a_page_that_moved():
+    """A page whose shift changed (the fixed policy packed the pages anew) keeps its slot: only its keys
+    are written, its values and position stay, and no hole is left."""
+    buf = _buffer_with_tail(200, 203)
+    pages = [SlotKey(s, s + 8, 0, 0, 0) for s in range(0, 80, 8)]
+    _arrange_in_place(buf, pages, (200, 203))
+    where = buf.lo + buf.views()[2].tolist().index(24)  # page 3's first token
+    buf.v[0, :, where:where + 8] = 7.0  # a mark in its values: writing them again would erase it
+    values, copied, calls = buf.v.clone(), buf.num_copied_tokens, []
+    sel = [*pages[:3], pages[3]._replace(shift=16), *pages[4:]]
+    buf.arrange(sel, _filler(calls, sel), in_order=False)
+    assert calls == [[3]] and torch.equal(buf.v, values) and buf.num_copied_tokens == copied + 8
+    k = _page(24, 32)[0] + 16
+    assert torch.equal(buf.k[0, :, where:where + 8], k) and buf.num_hole_tokens == 0
+    buf.v[0, :, where:where + 8] = _page(24, 32)[1]
+    where -= buf.lo
+    # one joins, one leaves and one moves: the mover stays, the newcomer takes the leaver's place
+    sel = [*pages[:2], pages[3]._replace(shift=8), *pages[4:], SlotKey(96, 104, 0, 0, 0)]
+    calls = _arrange_in_place(buf, sel, (200, 203))
+    assert sorted(calls[0]) == [2, 9] and buf.views()[2].tolist().index(24) == where
+    assert buf.num_hole_tokens == 0

@@ -259,13 +259,16 @@ def test_fixed_policy_scores_pages_where_they_are_attended(tiny_model, tmp_path)
 
 def _rotated_by_the_rotary_itself(model, keys, delta, layer_idx):
     """The reference rotation: the model's rotary called once over every token's distance."""
-    from tieredkv.rotary import _layer_type, _rotate_half, rotary_module
+    from tieredkv.rotary import _layer_type, rotary_module
+
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
 
     rope, layer_type = rotary_module(model), _layer_type(model, layer_idx)
     kwargs = {"layer_type": layer_type} if layer_type else {}
     cos, sin = rope(keys, position_ids=delta[None], **kwargs)
     scale = getattr(rope, f"{layer_type}_attention_scaling", None) if layer_type else rope.attention_scaling
-    return keys * (cos[0] / scale) + _rotate_half(keys) * (sin[0] / scale)
+    return keys * (cos[0] / scale) + rotate_half(keys) * (sin[0] / scale)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3", "dynamic"])
@@ -294,6 +297,11 @@ def test_rerotate_gives_the_bytes_of_the_rotary_own_call(tiny_model, name):
                   torch.tensor([5] * 8 + [-300] * 16 + [900] * 16)):  # the second repeats two distances
         assert torch.equal(rerotate(model, keys, delta, layer),
                            _rotated_by_the_rotary_itself(model, keys, delta, layer))
+        runs, sizes = torch.unique_consecutive(delta, return_counts=True)  # one distance per run of tokens
+        assert torch.equal(rerotate(model, keys, runs, layer, sizes=sizes.tolist()),
+                           _rotated_by_the_rotary_itself(model, keys, delta, layer))
+        assert torch.equal(rerotate(model, keys.bfloat16(), delta, layer),
+                           _rotated_by_the_rotary_itself(model, keys.bfloat16(), delta, layer))
     assert torch.equal(rerotate(model, keys, -300, layer),
                        _rotated_by_the_rotary_itself(model, keys, torch.full((40,), -300), layer))
 

@@ -17,7 +17,9 @@ the stored bytes or a re-encoded copy, re-rotated when the placement shifts it. 
                 With `in_order=False` (a retrieving decode step, where the selection changes every
                 step), every slot still wanted stays where it is whatever the order, a slot no longer
                 wanted becomes a hole (its position set to `HOLE_POS`, which the causal mask never
-                admits), and new slots fill holes first: the cost is only the pages that joined.
+                admits), and new slots fill holes first: the cost is only the pages that joined. A page
+                that only moved (another shift: the fixed policy packs pages anew) keeps its slot and
+                its values; only its keys are written.
 
 Attention gets views `k[:, :, :n]` (non-contiguous along the head axis): the same values in the same
 order as concatenating the pages, and the kernels give the same bytes for them
@@ -245,6 +247,15 @@ class WorkingSetBuffer:
         layout = [key if key in want else SlotKey(0, key.num_tokens, 0, 0, _HOLE) for key in self.slots]
         present = set(layout)
         new = [i for i, key in enumerate(wanted) if key not in present]
+        # a slot whose page only moved (another shift) gets its keys re-rotated where it is; values stay put
+        leaving = {key._replace(shift=0): j for j, key in enumerate(self.slots)
+                   if key not in want and key.source != _HOLE}
+        moved: dict[int, int] = {}  # index in `wanted` -> index in `layout` of the slot it re-rotates
+        for i in new:
+            j = leaving.pop(wanted[i]._replace(shift=0), None)
+            if j is not None:
+                moved[i], layout[j] = j, wanted[i]
+        new = [i for i in new if i not in moved]
         holes = [(key.num_tokens, j) for j, key in enumerate(layout) if key.source == _HOLE]
         placed: dict[int, int] = {}  # index in `layout` -> index in `wanted` that fills that hole
         appended: list[int] = []
@@ -275,16 +286,22 @@ class WorkingSetBuffer:
         # NOTE: positions are written only where a slot just became a hole (a hole's remainder already
         # holds HOLE_POS) and where a new slot goes
         fresh, at, dst = {wanted[i] for i in new}, {}, self.lo
+        moved_keys = {wanted[i] for i in moved}
         for j, key in enumerate(layout):
             if key.source == _HOLE and self.slots[j].source != _HOLE:
                 self.pos[dst:dst + key.num_tokens] = HOLE_POS
             dst += key.num_tokens
         dst = self.lo
         for key in out:
-            if key in fresh:
+            if key in fresh or key in moved_keys:
                 at[key] = dst
             dst += key.num_tokens
-        self._write_slots([wanted[i] for i in new], [at[wanted[i]] for i in new], fill(new) if new else [])
+        kvs = fill(new + list(moved)) if new or moved else []
+        self._write_slots([wanted[i] for i in new], [at[wanted[i]] for i in new], kvs[:len(new)])
+        for i, (k, _v) in zip(moved, kvs[len(new):]):
+            a, n = at[wanted[i]], wanted[i].num_tokens
+            self.k[0, :, a:a + n] = k
+            self.num_copied_tokens += n
         self._put_tail(tail, self.lo + num_slot_tokens)
         self.slots, self.num_slot_tokens = out, num_slot_tokens
         self._drop_refs(wanted)

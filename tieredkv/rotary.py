@@ -9,15 +9,11 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import OrderedDict
+from typing import Sequence
 
 import torch
 
 from tieredkv.errors import UnsupportedModelError
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def rotary_module(model):
@@ -38,18 +34,34 @@ def _layer_type(model, layer_idx: int | None) -> str | None:
 
 
 @torch.inference_mode()
-def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int, layer_idx: int | None = None) -> torch.Tensor:
-    """Move post-rotary `keys` [..., T, D] by `delta` positions (an int, or a [T] tensor per token).
+def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int, layer_idx: int | None = None, *,
+             sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """Move post-rotary `keys` [..., T, D] by `delta` positions: an int, a [T] tensor per token, or
+    with `sizes` (consecutive runs of tokens summing to T) a tensor of one distance per run.
 
     Models with one rotary per layer type (Gemma3) need `layer_idx`. The rotary's attention
     scaling (YaRN, LongRoPE) is divided out: a rotation must not rescale the keys.
     """
     rope = rotary_module(model)
-    t = keys.shape[-2]
-    d = torch.full((t,), int(delta)) if isinstance(delta, int) else delta.to(torch.long)
-    cos, sin = _cos_sin(rope, _layer_type(model, layer_idx), d.to(keys.device), keys)
+    if isinstance(delta, int):
+        delta = torch.tensor([delta])  # one row, broadcast over the tokens
+    cos, sin = _cos_sin(rope, _layer_type(model, layer_idx), delta.to(torch.long).to(keys.device), keys)
     cos, sin = cos.to(keys.dtype), sin.to(keys.dtype)
-    return keys * cos + _rotate_half(keys) * sin
+    if sizes is not None:  # one row per run: expand to one per token (the same rows, the same bytes)
+        counts = torch.tensor(list(sizes), device=keys.device)
+        cos, sin = cos.repeat_interleave(counts, dim=0), sin.repeat_interleave(counts, dim=0)
+    return _rotated(keys, cos, sin)
+
+
+def _rotated(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`keys * cos + rotate_half(keys) * sin` (transformers' apply_rotary_pos_emb) without materialising
+    rotate_half: per element the same two products and one addition (a + (-b)*s is a - b*s exactly),
+    so the same bytes in fewer passes (tests/test_tiered_model.py pins them)."""
+    h = keys.shape[-1] // 2
+    out = keys * cos
+    out[..., :h] -= keys[..., h:] * sin[..., :h]
+    out[..., h:] += keys[..., :h] * sin[..., h:]
+    return out
 
 
 # Rotaries whose frequencies never change with the sequence length: their cos/sin of a distance can
