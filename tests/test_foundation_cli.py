@@ -104,3 +104,18 @@ def test_verify_json_report(tiny_model):
     assert report["model_fingerprint"] == tiny_model("tiny-llama").fingerprint
     assert report["domain"]["fingerprint"] == report["model_fingerprint"]
     assert "rows" not in report  # only with --rows
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
+    """`tieredkv stats | head`: when the reader of stdout is gone, the command stops with the status
+    of a process SIGPIPE ended (141) and writes nothing to stderr: no error line, no traceback."""
+    store = tmp_path / "store"
+    PageStore(str(store)).close()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first write
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tieredkv.cli", "stats", "--store", str(store)],
+                              stdout=write_end, stderr=subprocess.PIPE, env=ENV, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr.decode()) == (141, "")

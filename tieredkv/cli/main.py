@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 
 from tieredkv.cli.common import (InputError, OneLineParser, int_at_least, model_arg as _model_arg, nonneg_int,
@@ -166,10 +167,32 @@ def main(argv: list[str] | None = None) -> int:
         print("tieredkv: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the boundary: every failure becomes one line
+        if isinstance(e, BrokenPipeError) and _stdout_is_broken():  # not another pipe (a socket)
+            return _stdout_gone()
         if os.environ.get(DEBUG_ENV):
             raise
         print(error_line(e), file=sys.stderr)
         return 2
+
+
+def _stdout_is_broken() -> bool:
+    """Whether stdout is a pipe nobody reads any more (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no real stdout
+        return False
+
+
+def _stdout_gone() -> int:
+    """Whoever read our output stopped reading (`tieredkv stats | head`): stop quietly, as `cat` does,
+    with the status of a process that SIGPIPE ended (128 + 13). Whatever is still buffered goes to
+    /dev/null, so the interpreter's last flush finds no broken pipe either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 def error_line(e: BaseException) -> str:
