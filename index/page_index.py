@@ -158,8 +158,8 @@ class PageIndex:
         if self.method == "minmax":
             page_ids, upper, lower = self._layer_bounds(layer)
             scores = quest_bound(q, upper, lower)  # [H, N]: every head in one pass
-            keep = _eligible(page_ids, exclude)  # once for every head
-            if keep is not None:
+            if isinstance(exclude, _LISTABLE) and exclude:  # dropped once for every head
+                keep = _eligible(page_ids, exclude)
                 page_ids, scores, exclude = page_ids[keep], scores[:, keep], ()
             for h in range(self.num_heads):
                 ids, best = _top_pages(page_ids, scores[h], k, exclude)
@@ -324,12 +324,11 @@ def _len_or_zero(exclude: Container[int]) -> int:
         return 0
 
 
-def _eligible(page_ids: np.ndarray, exclude: Container[int]) -> np.ndarray | None:
-    """[N] bool, False where `exclude` holds the page id; None when `exclude` cannot be listed."""
-    if not isinstance(exclude, (set, frozenset, list, tuple, range)):
-        return None
-    if not exclude:
-        return np.ones(len(page_ids), dtype=bool)
+_LISTABLE = (set, frozenset, list, tuple, range)  # excluded ids that numpy can take in one pass
+
+
+def _eligible(page_ids: np.ndarray, exclude) -> np.ndarray:
+    """[N] bool, False where `exclude` (one of _LISTABLE) holds the page id."""
     return ~np.isin(page_ids, np.fromiter(exclude, dtype=np.int64, count=len(exclude)))
 
 
@@ -344,9 +343,8 @@ def _top_pages(page_ids: np.ndarray, scores: np.ndarray, k: int,
         cand = np.flatnonzero(scores >= threshold)
         page_ids, scores = page_ids[cand], scores[cand]
     order = np.lexsort((page_ids, -scores))
-    keep = _eligible(page_ids[order], exclude)
-    if keep is not None:  # vectorised: drop excluded ids from the ranking, keep the first k (as the loop)
-        keep = order[keep][:k]
+    if isinstance(exclude, _LISTABLE):  # vectorised: drop excluded ids from the ranking, keep the first k (as the loop)
+        keep = (order[_eligible(page_ids[order], exclude)] if exclude else order)[:k]
         return page_ids[keep].astype(np.int64), scores[keep].astype(np.float32)
     ids, best = [], []
     for i in order:
