@@ -192,7 +192,9 @@ def test_in_place_arrange_rewrites_only_the_keys_of_a_page_that_moved():
     values, copied, calls = buf.v.clone(), buf.num_copied_tokens, []
     sel = [*pages[:3], pages[3]._replace(shift=16), *pages[4:]]
     buf.arrange(sel, _filler(calls, sel), in_order=False)
-    assert calls == [[3]] and torch.equal(buf.v, values) and buf.num_copied_tokens == copied + 8
+    # compared as bits: the spare capacity beyond the live slots is uninitialised and may hold NaNs
+    unchanged = torch.equal(buf.v.view(torch.int32), values.view(torch.int32))
+    assert calls == [[3]] and unchanged and buf.num_copied_tokens == copied + 8
     k = _page(24, 32)[0] + 16
     assert torch.equal(buf.k[0, :, where:where + 8], k) and buf.num_hole_tokens == 0
     buf.v[0, :, where:where + 8] = _page(24, 32)[1]
