@@ -302,6 +302,10 @@ def test_rerotate_gives_the_bytes_of_the_rotary_own_call(tiny_model, name):
                            _rotated_by_the_rotary_itself(model, keys, delta, layer))
         assert torch.equal(rerotate(model, keys.bfloat16(), delta, layer),
                            _rotated_by_the_rotary_itself(model, keys.bfloat16(), delta, layer))
+    # runs of one length (whole pages) broadcast one row per run; distances given as ints
+    delta = torch.tensor([-300] * 10 + [5] * 10 + [-300] * 10 + [77] * 10)
+    assert torch.equal(rerotate(model, keys, [-300, 5, -300, 77], layer, sizes=[10] * 4),
+                       _rotated_by_the_rotary_itself(model, keys, delta, layer))
     assert torch.equal(rerotate(model, keys, -300, layer),
                        _rotated_by_the_rotary_itself(model, keys, torch.full((40,), -300), layer))
 
@@ -319,6 +323,10 @@ def test_fixed_policy_moves_all_far_pages_in_one_rotation_with_the_same_bytes(ti
     for k, part, d in zip(ks, parts, shifts):
         assert torch.equal(k, rerotate(lm.model, part, d, 1) if d else part)
     assert ks[1] is parts[1]  # a page at its own position is not touched
+    ks = [parts[0], parts[1], parts[3]]  # the moved pages all of one length: one row per page, broadcast
+    TieredCache._rerotate_parts(cache, ks, [-640, 32, -64], 1)
+    for k, part, d in zip(ks, [parts[0], parts[1], parts[3]], [-640, 32, -64]):
+        assert torch.equal(k, rerotate(lm.model, part, d, 1))
 
 
 def test_score_frame_is_part_of_the_fixed_regime_only():

@@ -34,19 +34,25 @@ def _layer_type(model, layer_idx: int | None) -> str | None:
 
 
 @torch.inference_mode()
-def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int, layer_idx: int | None = None, *,
+def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int | Sequence[int], layer_idx: int | None = None, *,
              sizes: Sequence[int] | None = None) -> torch.Tensor:
     """Move post-rotary `keys` [..., T, D] by `delta` positions: an int, a [T] tensor per token, or
-    with `sizes` (consecutive runs of tokens summing to T) a tensor of one distance per run.
+    with `sizes` (consecutive runs of tokens summing to T) one distance per run (a tensor or ints).
 
     Models with one rotary per layer type (Gemma3) need `layer_idx`. The rotary's attention
     scaling (YaRN, LongRoPE) is divided out: a rotation must not rescale the keys.
     """
     rope = rotary_module(model)
     if isinstance(delta, int):
-        delta = torch.tensor([delta])  # one row, broadcast over the tokens
-    cos, sin = _cos_sin(rope, _layer_type(model, layer_idx), delta.to(torch.long).to(keys.device), keys)
+        delta = [delta]  # one row, broadcast over the tokens
+    elif isinstance(delta, torch.Tensor) and sizes is not None:
+        delta = delta.tolist()  # one distance per run: a few dozen
+    cos, sin = _cos_sin(rope, _layer_type(model, layer_idx), delta, keys)
     cos, sin = cos.to(keys.dtype), sin.to(keys.dtype)
+    if sizes is not None and len(set(sizes)) == 1:
+        # runs of one length (whole pages): one row per run, broadcast over its tokens (the same products)
+        runs = keys.reshape(*keys.shape[:-2], len(sizes), sizes[0], keys.shape[-1])
+        return _rotated(runs, cos[:, None], sin[:, None]).flatten(-3, -2)
     if sizes is not None:  # one row per run: expand to one per token (the same rows, the same bytes)
         counts = torch.tensor(list(sizes), device=keys.device)
         cos, sin = cos.repeat_interleave(counts, dim=0), sin.repeat_interleave(counts, dim=0)
@@ -71,18 +77,23 @@ _MEMO_ROWS = 4096  # distances kept per (rotary, layer type); a row is 2 x head_
 _memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _cos_sin(rope, layer_type: str | None, d: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, D] of the distances `d` [T], the rotary's attention scaling divided out.
+def _cos_sin(rope, layer_type: str | None, d: torch.Tensor | list[int], like: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, D] of the distances `d` ([T] tensor, or ints), the rotary's attention scaling
+    divided out.
 
     Per-distance rows are elementwise, so computing each distinct distance once (and keeping it, for
     static rotaries) gives the same bytes as the rotary's own call over all T positions; the fixed
-    policy moves ~10 pages per layer and step by a handful of distances that recur step after step.
+    policy moves ~10-30 pages per layer and step by a handful of distances that recur step after step.
     """
     rope_type = rope.rope_type.get(layer_type) if isinstance(rope.rope_type, dict) else rope.rope_type
-    uniq, inverse = torch.unique(d, return_inverse=True)
     memo = _memo.setdefault(rope, {}).setdefault((layer_type, like.device, like.dtype), OrderedDict()) \
         if rope_type in _STATIC_ROPE_TYPES else OrderedDict()
-    distances = uniq.tolist()
+    if isinstance(d, torch.Tensor):  # per token: each distinct distance once, then indexed
+        uniq, inverse = torch.unique(d.to(torch.long), return_inverse=True)
+        distances = uniq.tolist()
+    else:  # a few ints (one per page): their rows stacked directly
+        distances, inverse = list(dict.fromkeys(d)), None
     missing = [x for x in distances if x not in memo]
     if missing:
         kwargs = {"layer_type": layer_type} if layer_type is not None and _takes_layer_type(type(rope)) else {}
@@ -91,15 +102,14 @@ def _cos_sin(rope, layer_type: str | None, d: torch.Tensor, like: torch.Tensor) 
         scale = scale if scale is not None else getattr(rope, "attention_scaling", 1.0)
         for x, c, s in zip(missing, cos[0] / scale, sin[0] / scale):
             memo[x] = (c, s)
-    rows = []
+    rows = distances if inverse is not None else d
+    cos = torch.stack([memo[x][0] for x in rows])
+    sin = torch.stack([memo[x][1] for x in rows])
     for x in distances:
-        rows.append(memo[x])
         memo.move_to_end(x)
     while len(memo) > _MEMO_ROWS:
         memo.popitem(last=False)
-    cos = torch.stack([c for c, _ in rows])[inverse]
-    sin = torch.stack([s for _, s in rows])[inverse]
-    return cos, sin
+    return (cos[inverse], sin[inverse]) if inverse is not None else (cos, sin)
 
 
 @functools.cache

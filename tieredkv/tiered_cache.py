@@ -390,8 +390,8 @@ class TieredCache(Cache):
         if not moved:
             return
         sizes = [ks[j].shape[1] for j in moved]
-        rotated = rerotate(self.model, torch.cat([ks[j] for j in moved], dim=1),
-                           torch.tensor([shifts[j] for j in moved]), layer_idx, sizes=sizes)
+        rotated = rerotate(self.model, torch.cat([ks[j] for j in moved], dim=1), [shifts[j] for j in moved],
+                           layer_idx, sizes=sizes)
         for j, piece in zip(moved, rotated.split(sizes, dim=1)):
             ks[j] = piece
 
