@@ -90,7 +90,7 @@ def _cos_sin(rope, layer_type: str | None, d: torch.Tensor | list[int], like: to
     memo = _memo.setdefault(rope, {}).setdefault((layer_type, like.device, like.dtype), OrderedDict()) \
         if rope_type in _STATIC_ROPE_TYPES else OrderedDict()
     if isinstance(d, torch.Tensor):  # per token: each distinct distance once, then indexed
-        uniq, inverse = torch.unique(d.to(torch.long), return_inverse=True)
+        uniq, inverse = torch.unique(d.to(device=like.device, dtype=torch.long), return_inverse=True)
         distances = uniq.tolist()
     else:  # a few ints (one per page): their rows stacked directly
         distances, inverse = list(dict.fromkeys(d)), None
