@@ -26,7 +26,7 @@ SHAPES = [  # (query heads, K/V heads, queries, keys, head dim)
 
 
 # NOTE: run in a child process. Changing torch's thread count around attention run at one thread made
-# the next forward of this process compute the rotary's cos differently in 2-6 of 20 processes (torch
+# the next forward of this process compute the rotary's cos differently in 2 of 16 to 6 of 20 processes (torch
 # 2.13 CPU; docs/DESIGN.md), which the exactness tests after this one would then see.
 _CHILD = """
 import sys, torch
