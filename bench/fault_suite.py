@@ -736,7 +736,9 @@ allocated (peak Python memory of the refusal, measured with tracemalloc):
   pull`); **forged artifacts** have one number of one page changed, every later page recomputed on
   top of it and every hash recomputed, then go through `import --verify-recompute`.
 - **Export targets and command-line input** go through the real CLI entry point in a fresh
-  interpreter: every failure must be one line on stderr with exit status 2.
+  interpreter: every failure must be one line on stderr with exit status 2. A reader that stops
+  reading (`tieredkv stats | head`) is not a failure: the command stops quietly with status 141,
+  as a process SIGPIPE ended (`tests/test_foundation_cli.py`).
 
 See docs/TRUST.md for what each of these guards and how `tieredkv recheck` treats another machine.
 """
