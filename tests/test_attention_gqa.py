@@ -26,8 +26,8 @@ SHAPES = [  # (query heads, K/V heads, queries, keys, head dim)
 
 
 # NOTE: run in a child process. Changing torch's thread count around attention run at one thread made
-# the next forward of this process compute the rotary's cos differently in 2 of 16 to 6 of 20 processes (torch
-# 2.13 CPU; docs/DESIGN.md), which the exactness tests after this one would then see.
+# the next forward of this process compute the rotary's cos differently in 6 of 20 processes (torch 2.13
+# CPU; bench/thread_switch_hazard.py, docs/DESIGN.md), which the exactness tests after this one would see.
 _CHILD = """
 import sys, torch
 from transformers.integrations.sdpa_attention import repeat_kv
