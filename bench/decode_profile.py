@@ -9,6 +9,7 @@ time is summed into the groups below (the profiler slows Python-heavy parts more
 kernels: read the groups as shares).
 
     python bench/decode_profile.py --tokens 131072 --position fixed --store /tmp/ctx-131k --threads 2
+    python bench/decode_profile.py ... --reuse-steps 4    # TieredConfig.reuse_steps (approximate)
 """
 from __future__ import annotations
 
@@ -62,15 +63,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--ref-context", type=int, default=8192,
                     help="a plain DynamicCache decode step at this context alternates with each timed step (0: none)")
+    ap.add_argument("--reuse-steps", type=int, default=0,
+                    help="TieredConfig.reuse_steps (approximate; 0: search at every step, exact)")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    if a.tokens < 1 or a.steps < 1 or a.warm < 0 or a.ref_context < 0:
-        ap.error("--tokens and --steps must be >= 1, --warm and --ref-context >= 0")
+    if a.tokens < 1 or a.steps < 1 or min(a.warm, a.ref_context, a.reuse_steps) < 0:
+        ap.error("--tokens and --steps must be >= 1, --warm, --ref-context and --reuse-steps >= 0")
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    cfg = TieredConfig(position=a.position)
+    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps)
     ids = corpus_ids(lm, max(a.tokens + 1, a.ref_context + 1))
     started, load_start = time.perf_counter(), os.getloadavg()
     with PageStore(a.store, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg))) as store:
@@ -98,6 +101,8 @@ def main(argv=None) -> int:
             prof.disable()
             out += timed + profiled_out
             host, pages = store.stats()["host"], len(tm.cache.spans)
+            full = sum(not layer.is_sliding for layer in tm.cache.layers)
+            reused = tm.cache.fetch_counts.get("reused_plans", 0) / (full * (a.warm + 1 + 2 * a.steps))
         finally:
             tm.close()
     groups: dict[str, float] = {}
@@ -109,16 +114,17 @@ def main(argv=None) -> int:
               "config": {**cfg.regime(lm.default_page_size), "args": vars(a)}, "environment": environment(),
               "load_average_1_5_15": {"start": load_start, "end": os.getloadavg()},
               "context_tokens": a.tokens, "pages": pages, "host_tier_pages": host["pages"],
-              "decode_ms_per_step": round(ms, 1),
+              "decode_ms_per_step": round(ms, 1), "reused_plan_share": round(reused, 3),
               "plain_ref_context": a.ref_context or None, "plain_ref_decode_ms_per_step": ref_ms and round(ref_ms, 1),
               "decode_vs_plain_ref": ref_ms and round(ms / ref_ms, 3), "profiled_ms_per_step": round(1000 * profiled / a.steps, 1),
               "groups_ms_per_step_profiled": {g: round(1000 * s / a.steps, 1)
                                               for g, s in sorted(groups.items(), key=lambda x: -x[1])},
               "input_sha256": sha256_ids(ids[:a.tokens + 1]), "output_ids_sha256": sha256_ids(out),
               "seconds": round(time.perf_counter() - started, 1)}
-    write_report(a.out or f"bench/results/decode_profile/{a.model}.{a.position}-{a.tokens}.json", report)
+    suffix = f".reuse-{a.reuse_steps}" if a.reuse_steps else ""
+    write_report(a.out or f"bench/results/decode_profile/{a.model}.{a.position}-{a.tokens}{suffix}.json", report)
     vs = f"; plain at {a.ref_context:,}: {ref_ms:.1f} ms ({ms / ref_ms:.2f}x)" if ref_ms else ""
-    print(f"{a.position} at {a.tokens:,} tokens: {ms:.1f} ms per step (median){vs}; "
+    print(f"{a.position} at {a.tokens:,} tokens: {ms:.1f} ms per step (median){vs}; plans reused {reused:.0%}; "
           f"{report['profiled_ms_per_step']} ms under cProfile:")
     for g, v in report["groups_ms_per_step_profiled"].items():
         print(f"  {g:30s} {v:7.1f} ms")

@@ -189,9 +189,13 @@ def bm25_pages(lm, w: Window, question: str, page_size: int, k: int) -> list[int
 def parse_variant(spec: str) -> dict:
     """TieredConfig fields of the tiered system: "default" (what `tieredkv qa` runs), "reencode=N",
     "none" (fixed, no question-time step), or "read:passages=2,passage_tokens=384,signal=hybrid" (fields
-    not given keep the QA defaults, the frame included)."""
-    from tieredkv.tiered_config import ReadingConfig
-
+    not given keep the QA defaults, the frame included); any of them with "+reuse=N" appended decodes
+    with TieredConfig.reuse_steps=N (approximate)."""
+    spec, plus, reuse = spec.partition("+reuse=")
+    if plus:
+        if not reuse.isdigit():
+            raise ValueError(f"+reuse= takes a number of steps, got {reuse!r}")
+        return {**parse_variant(spec), "reuse_steps": int(reuse)}
     if spec == "default":
         return {}
     if spec == "none":

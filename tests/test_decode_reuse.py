@@ -3,6 +3,7 @@ import torch
 
 import tieredkv.tiered_cache as tiered_cache
 from paging import PageStore, StoreConfig
+from tieredkv.qa import find_artifact
 from tieredkv.tiered_config import TieredConfig
 from tieredkv.tiered_model import TieredModel
 
@@ -36,3 +37,44 @@ def test_reuse_steps_is_part_of_the_regime_only_when_on():
     assert TieredConfig(reuse_steps=4).regime(128)["reuse_steps"] == 4
     assert TieredConfig().regime_fingerprint("ab" * 32, 128) != TieredConfig(reuse_steps=4).regime_fingerprint(
         "ab" * 32, 128)
+
+
+def _decode_logits(tm, first: int, steps: int) -> torch.Tensor:
+    out, tok = [], first
+    for _ in range(steps):
+        logits = tm.forward(torch.tensor([[tok]]), logits_to_keep=1).logits[0, -1]
+        out.append(logits)
+        tok = int(logits.argmax())
+    return torch.stack(out)
+
+
+def test_a_context_ingested_with_exact_selection_decodes_under_reuse_as_a_fresh_ingest_would(
+        tiny_model, tmp_path, monkeypatch):
+    lm = tiny_model("tiny-llama")
+    ids = torch.randint(0, 250, (700,), generator=torch.Generator().manual_seed(4)).tolist()
+    base = dict(page_size=32, local_pages=4, topk_pages=2)
+    monkeypatch.setattr(tiered_cache, "REUSE_MIN_COSINE", -1.0)
+    reuse = TieredConfig(**base, reuse_steps=3)
+    with PageStore(tmp_path / "a", StoreConfig()) as store:
+        tm = TieredModel(lm, store, TieredConfig(**base))
+        exact_art = tm.ingest(ids, name="exact")
+        tm.close()
+        runs = []
+        for start in ("graft", "ingest"):
+            tm = TieredModel(lm, store, reuse)
+            try:
+                reuse_art = tm.graft(exact_art) if start == "graft" else tm.ingest(ids, name="with reuse")
+                runs.append(_decode_logits(tm, 7, 10))
+                assert tm.cache.fetch_counts["reused_plans"] > 0
+            finally:
+                tm.close()
+        # reuse changes decode steps only, never a prefill chunk: the stored pages are the same bytes
+        assert torch.equal(runs[0], runs[1])
+        # so `tieredkv qa` finds the exact context under reuse, but not one recorded with reuse the other way
+        for cfg, name, found in ((reuse, "exact", exact_art), (TieredConfig(**base), "with reuse", None)):
+            tm = TieredModel(lm, store, cfg)
+            try:
+                assert find_artifact(store, name, tm.domain()) == found
+            finally:
+                tm.close()
+        assert reuse_art.domain["regime"]["reuse_steps"] == 3

@@ -68,10 +68,11 @@ def find_artifact(store, name: str, domain: dict) -> Artifact | None:
     included), if the store holds one; its manifest is verified (artifacts/manifest.py)."""
     from tieredkv.artifacts.manifest import parse_manifest
     from tieredkv.domain import domain_differences
+    from tieredkv.tiered_config import stored_under
 
     for art_id in store.list_manifests():
         art = parse_manifest(store.get_manifest(art_id), stored_as=art_id, where=store.path)
-        if art.name == name and art.domain.get("regime") == domain.get("regime") \
+        if art.name == name and stored_under(art.domain.get("regime", {}), domain.get("regime", {})) \
                 and not domain_differences(art.domain, domain):
             return art
     return None

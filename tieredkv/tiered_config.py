@@ -167,6 +167,16 @@ class TieredConfig:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def stored_under(recorded: dict, current: dict) -> bool:
+    """Whether pages sealed under regime `recorded` are the bytes an ingest under `current` would seal.
+    `reuse_steps` changes one-token decode steps only, never a prefill chunk: a context ingested
+    without it serves a config with it (tests/test_decode_reuse.py). The converse is not assumed: a
+    context recorded with it may hold pages sealed from approximate decode steps."""
+    if "reuse_steps" not in recorded:
+        current = {k: v for k, v in current.items() if k != "reuse_steps"}
+    return recorded == current
+
+
 def _can_move_keys(model) -> bool:
     """Whether the fixed-distance policy can re-rotate this model's keys (no: learned positions)."""
     from tieredkv.errors import UnsupportedModelError
