@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_vs_context import PlainRef, corpus_ids, decode_ms  # noqa: E402
 from report import environment, sha256_ids, write_report  # noqa: E402
+from reuse_selection import reused_plan_share  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import load_artifact  # noqa: E402
@@ -101,8 +102,7 @@ def main(argv=None) -> int:
             prof.disable()
             out += timed + profiled_out
             host, pages = store.stats()["host"], len(tm.cache.spans)
-            full = sum(not layer.is_sliding for layer in tm.cache.layers)
-            reused = tm.cache.fetch_counts.get("reused_plans", 0) / (full * (a.warm + 1 + 2 * a.steps))
+            reused = reused_plan_share(tm.cache, a.warm + 1 + 2 * a.steps)
         finally:
             tm.close()
     groups: dict[str, float] = {}

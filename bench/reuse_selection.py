@@ -32,6 +32,12 @@ from tieredkv.tiered_config import REUSE_MIN_COSINE, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 
+def reused_plan_share(cache, decode_steps: int) -> float:
+    """Of the (full-attention layer, decode step) plans of `decode_steps` steps, the share reused."""
+    full = sum(not layer.is_sliding for layer in cache.layers)
+    return cache.fetch_counts.get("reused_plans", 0) / (full * max(1, decode_steps))
+
+
 def answer(lm, store, art, cfg: TieredConfig, question: list[int], max_new: int) -> dict:
     tm = TieredModel(lm, store, cfg)
     try:
@@ -40,10 +46,8 @@ def answer(lm, store, art, cfg: TieredConfig, question: list[int], max_new: int)
         t0 = time.perf_counter()
         out = tm.generate(question[-1:], max_new_tokens=max_new)
         secs = time.perf_counter() - t0
-        full = sum(not layer.is_sliding for layer in tm.cache.layers)
-        reused = tm.cache.fetch_counts.get("reused_plans", 0)
         return {"out": out, "decode_ms_per_token": 1000 * secs / max(1, len(out)),
-                "reused_share": reused / (full * max(1, len(out) - 1))}
+                "reused_share": reused_plan_share(tm.cache, len(out) - 1)}
     finally:
         tm.close()
 
