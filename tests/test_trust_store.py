@@ -261,4 +261,7 @@ def test_case6_a_corrupt_byte_in_a_stored_key_is_reported_by_every_check(two_art
         assert any(m.startswith("\\xff") for m in report["corrupt_manifests"]), report
     report = json.loads(first["out"])
     assert report["damaged_keys"] and report["damaged_keys"][0].startswith("\\xff")
-    assert a.artifact_id in report["incomplete_artifacts"]  # its page is no longer under its key
+    # its page is no longer under its key: reported incomplete, or, where the damaged key broke the sort
+    # order of the leaf that holds its manifest too (LMDB's binary search then misses it; which ids share
+    # a leaf depends on the ids, so on the machine's floats), reported as a manifest that cannot be read
+    assert a.artifact_id in report["incomplete_artifacts"] or a.artifact_id in report["corrupt_manifests"], report
