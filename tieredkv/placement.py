@@ -5,6 +5,8 @@
              ├─ SlidingWindowLayer: exactly its window, own positions (no policy involved)
              └─ FullAttentionLayer: policy.select(ctx, layer, query) -> page ids, position order
                                     policy.place(ctx, page ids)      -> page id -> position shift
+                                    (retrieval="per_head": select_heads / place_heads, the same split
+                                    into the pages every KV head reads and each head's own top-k)
 
 A policy sees the context through its cache (`ctx`): `spans`, `config`, `index`, `retrieving`,
 `local_first`, `reencoded`. It decides; the cache fetches pages, moves keys and builds the mask.
@@ -22,7 +24,7 @@ from typing import ClassVar, Iterable
 
 import torch
 
-from tieredkv.working_set import fixed_positions, retrieval_excluded, select_pages
+from tieredkv.working_set import HeadPages, fixed_positions, retrieval_excluded, select_pages
 
 
 def grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -58,10 +60,31 @@ class PlacementPolicy:
 
     def retrieve(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
         """Far pages (not sink, not local) the index scores highest for `query`, union over KV heads."""
+        return sorted({p for row in self.retrieve_per_head(ctx, layer_idx, query) for p in row})
+
+    def retrieve_per_head(self, ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
+        """Each KV head's top-k far pages (not sink, not local) for `query`, in position order."""
         c = ctx.config
         grouped = grouped_queries(self.scoring_query(ctx, layer_idx, query), ctx.layout.num_kv_heads)
         exclude = retrieval_excluded(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
-        return ctx.index.union_topk(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
+        ids, _ = ctx.index.search(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
+        return [sorted(int(p) for p in row if p >= 0) for row in ids]
+
+    def select_heads(self, ctx, layer_idx: int, query: torch.Tensor) -> tuple[list[int], list[list[int]] | None]:
+        """`select`, split for `TieredConfig.retrieval="per_head"` while the context retrieves: the pages
+        every KV head reads (sink and local, position order) and each head's own top-k. Else
+        `(select(...), None)`: the union. So too with re-encoded pages (`fixed` packs them among the
+        union's pages: reencode.py computed them there) and for a policy that overrides `select`
+        (a diagnostic that decides the selection itself)."""
+        c = ctx.config
+        if (c.retrieval != "per_head" or not ctx.retrieving or ctx.reencoded
+                or type(self).select is not PlacementPolicy.select):
+            return self.select(ctx, layer_idx, query), None
+        rows = self.retrieve_per_head(ctx, layer_idx, query)
+        # NOTE: every head ranks the same eligible pages, more than top-k of them while retrieving
+        assert len({len(r) for r in rows}) == 1, f"heads retrieved unequal counts {[len(r) for r in rows]}"
+        ctx.retrieval_log.append(sorted({p for row in rows for p in row}))
+        return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=()), rows
 
     def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         return query
@@ -69,6 +92,10 @@ class PlacementPolicy:
     def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
         """Page id -> position shift for the pages this layer attends to ({}: own positions)."""
         return {}
+
+    def place_heads(self, ctx, shared: list[int], rows: list[list[int]]) -> tuple[dict[int, int], HeadPages]:
+        """`place` for `select_heads`' split: the shared pages' shifts, and each head's pages with theirs."""
+        return {}, HeadPages(tuple(map(tuple, rows)), tuple((0,) * len(r) for r in rows))
 
 
 class OwnPositions(PlacementPolicy):
@@ -100,6 +127,17 @@ class FixedDistance(PlacementPolicy):
         first = ctx.local_first
         return fixed_positions(ctx.spans, [i for i in page_ids if i < first], ctx.spans[first].start)
 
+    def place_heads(self, ctx, shared: list[int], rows: list[list[int]]) -> tuple[dict[int, int], HeadPages]:
+        """Per head as `place` packs its own far pages: the shared far pages (the sink) first, then the
+        head's pages in position order, right before the local window. Every head packs as many tokens,
+        so the sink lands at one position for all of them."""
+        first = ctx.local_first
+        far = [i for i in shared if i < first]
+        per_head = [fixed_positions(ctx.spans, [*far, *row], ctx.spans[first].start) for row in rows]
+        shifts = {i: per_head[0][i] for i in far}
+        assert all(d[i] == shifts[i] for d in per_head for i in far), "heads pack the shared pages differently"
+        return shifts, HeadPages(tuple(map(tuple, rows)), tuple(tuple(d[p] for p in row) for d, row in zip(per_head, rows)))
+
 
 POLICIES: dict[str, type[PlacementPolicy]] = {"own": OwnPositions, "fixed": FixedDistance}
 
@@ -116,6 +154,9 @@ class ForcedPages(PlacementPolicy):
     def __init__(self, base: PlacementPolicy, pages: Iterable[int], *, replace: bool = False):
         self.base, self.pages, self.replace = base, sorted({int(p) for p in pages}), replace
         self.name = f"{base.name}+forced"
+
+    def select_heads(self, ctx, layer_idx: int, query: torch.Tensor) -> tuple[list[int], None]:
+        return self.select(ctx, layer_idx, query), None  # the oracle's pages are for every head
 
     def select(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
         ids = self.base.select(ctx, layer_idx, query)

@@ -27,7 +27,7 @@ from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
 from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.prefetch import Prefetcher
 from tieredkv.tiered_config import REUSE_MIN_COSINE, TieredConfig
-from tieredkv.working_set import Span, build_mask, sliding_spans
+from tieredkv.working_set import HeadPages, Span, build_mask, sliding_spans
 
 
 def page_summaries(model, config: TieredConfig, layer_keys: Sequence[torch.Tensor], start: int) -> np.ndarray:
@@ -117,9 +117,10 @@ class TieredLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def plan(self, query: torch.Tensor) -> tuple[list[tuple[Span, int]], dict[int, int]]:
+    def plan(self, query: torch.Tensor) -> tuple[list[tuple[Span, int]], dict[int, int], HeadPages | None]:
         """The sealed pages this layer attends to for `query` ([1, Hq, q, D]): (span, offset of its
-        first used token) in position order, and page id -> position shift (empty: own positions)."""
+        first used token) in position order, page id -> position shift (empty: own positions), and
+        the pages each KV head reads alone (`retrieval="per_head"`; None: every head reads them all)."""
         raise NotImplementedError
 
 
@@ -128,8 +129,11 @@ class FullAttentionLayer(TieredLayer):
 
     def plan(self, query):
         owner = self.owner
-        ids = owner.policy.select(owner, self.layer_idx, query)
-        return [(owner.spans[i], 0) for i in ids], owner.policy.place(owner, ids)
+        ids, rows = owner.policy.select_heads(owner, self.layer_idx, query)
+        if rows is None:
+            return [(owner.spans[i], 0) for i in ids], owner.policy.place(owner, ids), None
+        shifts, heads = owner.policy.place_heads(owner, ids, rows)
+        return [(owner.spans[i], 0) for i in ids], shifts, heads
 
 
 class SlidingWindowLayer(TieredLayer):
@@ -144,7 +148,7 @@ class SlidingWindowLayer(TieredLayer):
     def plan(self, query):
         first_needed = max(0, (self.num_tokens - query.shape[2]) - (self.sliding_window - 1))
         tail_start = self.num_tokens - self.keys.shape[1]
-        return (sliding_spans(self.owner.spans, first_needed) if first_needed < tail_start else []), {}
+        return (sliding_spans(self.owner.spans, first_needed) if first_needed < tail_start else []), {}, None
 
 
 # transformers' layer types -> the layer class that plans its working set
@@ -312,15 +316,23 @@ class TieredCache(Cache):
         """K, V ([1, Hkv, kv, D]) and mask for `query` ([1, Hq, q, D]) at this layer.
 
         The layer's buffer keeps the previous working set in place: only pages that joined the
-        selection, or moved in it, are fetched and copied (kv_buffer.py)."""
+        selection, or moved in it, are fetched and copied (kv_buffer.py). With `retrieval="per_head"`
+        each KV head's own pages make one slot between the sink and the local window (`_head_block`):
+        head h's rows hold head h's pages, and every query sees all of them (far pages precede every
+        query, so the mask needs no per-head rows)."""
         layer = self.layers[layer_idx]
         q = query.shape[2]
         end = layer.num_tokens
-        parts, shifts = self._plan_or_reuse(layer, query)
+        parts, shifts, heads = self._plan_or_reuse(layer, query)
         self._prefetch_for(layer_idx + 1)
-        self._last_selection[layer_idx] = [s.page_id for s, _ in parts]
-        buffer = layer.buffer
+        items: list[tuple[Span, int] | HeadPages] = list(parts)
         wanted = [self._slot_key(s, off, shifts.get(s.page_id, 0), layer_idx) for s, off in parts]
+        if heads is not None:
+            at = sum(1 for s, _ in parts if s.page_id < self.local_first)  # after the shared far pages
+            items.insert(at, heads)
+            wanted.insert(at, self._head_block_key(heads))
+        self._last_selection[layer_idx] = sorted({s.page_id for s, _ in parts}.union(heads.union() if heads else ()))
+        buffer = layer.buffer
         # NOTE: in place only when this layer's previous forward was a decode step too: the first step
         # after a prefill chunk, a graft or an ingest lays the working set out in position order, so what
         # follows depends on the tokens and selections only, never on how the context was reached
@@ -328,7 +340,7 @@ class TieredCache(Cache):
         in_place = (q == 1 and self._prev_q.get(layer_idx) == 1 and self.retrieving and self.policy.slots_in_place
                     and not layer.is_sliding)
         self._prev_q[layer_idx] = q
-        buffer.arrange(wanted, lambda idx: self._slot_kv([parts[i] for i in idx], shifts, layer_idx),
+        buffer.arrange(wanted, lambda idx: self._fill([items[i] for i in idx], shifts, layer_idx),
                        in_order=not in_place)
         k_all, v_all, k_pos = buffer.views()
         q_pos = torch.arange(end - q, end, device=query.device)
@@ -364,6 +376,41 @@ class TieredCache(Cache):
         first = self.reencoded_start[s.page_id]
         source = self.layers[layer_idx].buffer.source_id(kv)
         return SlotKey(first, first + kv[layer_idx][0].shape[1], off, shift, source)
+
+    def _fill(self, items: list[tuple[Span, int] | HeadPages], shifts: dict[int, int], layer_idx: int
+              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """K, V ([Hkv, n, D]) of each item as attention reads it: a page (`_slot_kv`) or a per-head block."""
+        pages = [i for i, item in enumerate(items) if not isinstance(item, HeadPages)]
+        out: list = [None] * len(items)
+        for i, kv in zip(pages, self._slot_kv([items[i] for i in pages], shifts, layer_idx) if pages else ()):
+            out[i] = kv
+        for i, item in enumerate(items):
+            if isinstance(item, HeadPages):
+                out[i] = self._head_block(item, layer_idx)
+        return out
+
+    def _head_block_key(self, heads: HeadPages) -> SlotKey:
+        """The slot of a per-head block: its tokens get positions [0, n), before every query (visible to
+        all, never to a sliding window: only full-attention layers retrieve); its content is named by
+        the pages and shifts of every head (equal keys, equal bytes)."""
+        n = sum(self.spans[p].end - self.spans[p].start for p in heads.pages[0])
+        source = (hash((heads.pages, heads.shifts)) & ((1 << 61) - 1)) | (1 << 61)  # > 0: not a page, not a hole
+        return SlotKey(0, n, 0, 0, source)
+
+    def _head_block(self, heads: HeadPages, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [Hkv, n, D]: row h holds head h's pages back to back, keys moved by their shifts."""
+        from tieredkv.rotary import rerotate
+
+        pin = {(self.page_keys[p], layer_idx) for p in heads.union()}
+        kv = {p: self.page_kv(p, layer_idx, pin) for p in heads.union()}  # each [Hkv, T, D]
+        ks, vs = [], []
+        for h, (row, moved) in enumerate(zip(heads.pages, heads.shifts)):
+            k = torch.cat([kv[p][0][h] for p in row])  # [n, D]
+            if any(moved):
+                k = rerotate(self.model, k, list(moved), layer_idx, sizes=[kv[p][0].shape[1] for p in row])
+            ks.append(k)
+            vs.append(torch.cat([kv[p][1][h] for p in row]))
+        return torch.stack(ks), torch.stack(vs)
 
     def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -11,6 +11,7 @@ SCORE_FRAMES = ("attended", "own")
 TOPK_DEFAULTS = {"own": 16, "fixed": 8}
 REUSE_MIN_COSINE = 0.95  # see TieredConfig.reuse_steps
 READING_SIGNALS = ("attention", "lexical", "hybrid")
+RETRIEVAL_MODES = ("union", "per_head")  # see TieredConfig.retrieval
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class TieredConfig:
     chunk_pages: int = 1
     sink_pages: int = 1
     local_pages: int = 16
-    # Per KV head; the working set takes the union over heads. None: the policy's default,
+    # Per KV head (see `retrieval`). None: the policy's default,
     # TOPK_DEFAULTS. Under "own" more pages is closer to exact; under "fixed" (beyond the window)
     # more retrieved filler drowns the answer: for smollm2 at 16K top-8 answered passkeys that
     # top-15 and top-16 did not (bench/results/passkey-16k-diagnosis).
@@ -70,6 +71,13 @@ class TieredConfig:
     summary: str = "minmax"
     num_repr: int = 4
     position: str = "own"
+    # Whom a KV head's retrieved pages are for, while the context retrieves:
+    # "union": every head of a layer attends to the union of the KV heads' top-k (up to Hkv x top-k
+    #   pages; how many depends on how much the heads agree, so the working set grows with the context);
+    # "per_head": each KV head attends to its own top-k only (Quest), beside the shared sink and local
+    #   pages: a working set of exactly sink + top-k + local pages per head at every context length.
+    # Approximate either way; the two attend to other keys, so pages sealed under them are other bytes.
+    retrieval: str = "union"
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
     # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves
@@ -102,6 +110,8 @@ class TieredConfig:
             raise ValueError("sink_pages >= 0, local_pages >= 1 and topk_pages >= 0 are required")
         if self.summary not in SUMMARY_METHODS:
             raise ValueError(f"summary must be one of {SUMMARY_METHODS}, got {self.summary!r}")
+        if self.retrieval not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {self.retrieval!r}")
         if self.score_frame not in SCORE_FRAMES:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.write_batch < 1:
@@ -142,8 +152,8 @@ class TieredConfig:
         return self.position == "fixed" and self.score_frame == "attended"
 
     def working_set_pages(self, num_kv_heads: int) -> int:
-        """The most pages one layer's working set can hold: retrieval takes the union of every KV
-        head's top-k, so a device tier of this many pages (all layers) never evicts mid-forward."""
+        """The most pages one layer's working set can read: every KV head's top-k may differ (with
+        either `retrieval`), so a device tier of this many pages (all layers) never evicts mid-forward."""
         return self.sink_pages + self.local_pages + num_kv_heads * self.topk_pages
 
     def regime(self, page_size: int) -> dict:
@@ -154,6 +164,8 @@ class TieredConfig:
         d.pop("reading")
         if not self.reuse_steps:
             d.pop("reuse_steps")  # exact selection: what regimes recorded before the field existed
+        if self.retrieval == "union":
+            d.pop("retrieval")  # what regimes recorded before the field existed
         if self.position != "fixed" or self.score_frame == "own":
             # no effect under "own"; "own" is what fixed-policy regimes recorded before the field existed
             d.pop("score_frame")

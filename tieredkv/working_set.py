@@ -20,6 +20,23 @@ class Span:
     end: int
 
 
+@dataclass(frozen=True)
+class HeadPages:
+    """Retrieved pages that each KV head attends to alone (`TieredConfig.retrieval="per_head"`):
+    `pages[h]` in position order, the same count for every head, and `shifts[h]` their position
+    shifts (zeros at own positions). Equal contents, equal bytes in the working set."""
+
+    pages: tuple[tuple[int, ...], ...]  # [Hkv][m]
+    shifts: tuple[tuple[int, ...], ...]  # [Hkv][m]
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.pages[0]) if self.pages else 0
+
+    def union(self) -> list[int]:
+        return sorted({p for row in self.pages for p in row})
+
+
 def sliding_spans(spans: Sequence[Span], first_needed: int) -> list[tuple[Span, int]]:
     """Pages overlapping `[first_needed, ...)`, each with the offset of its first needed token.
     Spans are in position order: a binary search keeps this O(log pages + window)."""
