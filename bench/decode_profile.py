@@ -31,7 +31,7 @@ from reuse_selection import reused_plan_share  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import load_artifact  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.tiered_config import RETRIEVAL_MODES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 # profile group -> (file suffix, function name) pairs whose self time it sums; first match wins
@@ -66,6 +66,7 @@ def main(argv=None) -> int:
                     help="a plain DynamicCache decode step at this context alternates with each timed step (0: none)")
     ap.add_argument("--reuse-steps", type=int, default=0,
                     help="TieredConfig.reuse_steps (approximate; 0: search at every step, exact)")
+    ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union", help="TieredConfig.retrieval")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -74,11 +75,12 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps)
+    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps, retrieval=a.retrieval)
     ids = corpus_ids(lm, max(a.tokens + 1, a.ref_context + 1))
     started, load_start = time.perf_counter(), os.getloadavg()
     with PageStore(a.store, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg))) as store:
-        marker = Path(a.store) / f"artifact-{a.position}-{a.tokens}"
+        marker = Path(a.store) / f"artifact-{a.position}-{a.tokens}" if a.retrieval == "union" else \
+            Path(a.store) / f"artifact-{a.position}-{a.retrieval}-{a.tokens}"
         if not marker.exists():
             tm = TieredModel(lm, store, cfg)
             marker.write_text(tm.ingest(ids[:a.tokens]).artifact_id)
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
               "input_sha256": sha256_ids(ids[:a.tokens + 1]), "output_ids_sha256": sha256_ids(out),
               "seconds": round(time.perf_counter() - started, 1)}
     suffix = f".reuse-{a.reuse_steps}" if a.reuse_steps else ""
+    suffix += f".{a.retrieval}" if a.retrieval != "union" else ""
     write_report(a.out or f"bench/results/decode_profile/{a.model}.{a.position}-{a.tokens}{suffix}.json", report)
     vs = f"; plain at {a.ref_context:,}: {ref_ms:.1f} ms ({ms / ref_ms:.2f}x)" if ref_ms else ""
     print(f"{a.position} at {a.tokens:,} tokens: {ms:.1f} ms per step (median){vs}; plans reused {reused:.0%}; "

@@ -37,7 +37,7 @@ from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.corpus import python_reference  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.tiered_config import RETRIEVAL_MODES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -290,6 +290,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
     ap.add_argument("--position", choices=("own", "fixed"), default="own",
                     help="TieredConfig.position (fixed: the policy beyond the model's window, with its own top-k)")
+    ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union",
+                    help="TieredConfig.retrieval (per_head: each KV head its own top-k, a working set of fixed size)")
     ap.add_argument("--host-budget-gib", type=float,
                     help="host tier budget (default: 25%% of available RAM); pages beyond it are read from LMDB")
     ap.add_argument("--decode-tokens", type=int, default=9)
@@ -312,7 +314,7 @@ def main(argv=None) -> int:
     lm.model.to(a.device)
     contexts = sorted(int(x) for x in a.contexts.split(","))
     ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
-    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position)
+    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position, retrieval=a.retrieval)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     rows = []
     load_start = os.getloadavg()

@@ -27,7 +27,7 @@ from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.placement import ForcedPages  # noqa: E402
-from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
+from tieredkv.tiered_config import RETRIEVAL_MODES, SCORE_FRAMES, TieredConfig  # noqa: E402
 from tieredkv.qa import qa_config  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
@@ -128,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--local-pages", type=int, default=16)
     ap.add_argument("--topk-pages", type=int, help="per KV head (default: TieredConfig's for each policy)")
     ap.add_argument("--summary", default="minmax")
+    ap.add_argument("--retrieval", default="union", choices=RETRIEVAL_MODES,
+                    help="TieredConfig.retrieval: the union of the KV heads' top-k, or each head its own")
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
     ap.add_argument("--plain-max", type=int,
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
-                  score_frame=a.score_frame, reencode_pages=a.reencode_pages)
+                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, retrieval=a.retrieval)
     rows, table = [], []
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:

@@ -172,3 +172,33 @@ def test_per_head_is_its_own_regime_and_union_keeps_the_old_one():
     assert union.regime_fingerprint("m", 128) != per_head.regime_fingerprint("m", 128)
     with pytest.raises(ValueError, match="retrieval must be one of"):
         TieredConfig(retrieval="heads")
+
+
+def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_path):
+    """What `tieredkv qa` does beyond the window: the question reads its passage afresh and attends to
+    nothing stored, so a per-head ingest (other page bytes) gives the very same logits."""
+    from tieredkv.qa import qa_config
+    from tieredkv.reading import read
+    from tieredkv.tiered_config import ReadingConfig
+
+    lm = tiny_model("tiny-llama")
+    doc = _ids(700, 4)
+    needle = lm.codec.encode(" zebra quokka ")
+    doc[400:400 + len(needle)] = needle
+    question = lm.codec.encode("quokka?")
+    reading = ReadingConfig(passages=1, passage_tokens=48, signal="lexical", frame_tokens=6)
+    got, stored = {}, {}
+    for mode in ("union", "per_head"):
+        cfg = TieredConfig(**SMALL, position="fixed", reading=reading, retrieval=mode)
+        with tiered(lm, tmp_path / mode, cfg) as tm:
+            art = tm.ingest(doc)
+            stored[mode] = tm.store.get(art.page_keys[-1]).payload_sha256
+            tm.keep_in_memory()
+            read(tm.cache, question, "where is the quokka", reading, lm.codec)
+            got[mode] = tm.prefill(question, logits_to_keep=0)
+    assert stored["union"] != stored["per_head"]  # other pages were stored ...
+    assert torch.equal(got["union"], got["per_head"])  # ... and the answer did not read them
+    beyond = qa_config(lm, 10_000)
+    assert beyond.position == "fixed" and beyond.retrieval == "per_head"
+    assert qa_config(lm, 4_000).retrieval == "union"  # inside the window: own positions, no reading
+    assert qa_config(lm, 10_000, reading=ReadingConfig(signal="attention")).retrieval == "union"

@@ -132,7 +132,7 @@ def test_reencode_is_for_fixed_and_not_part_of_the_regime():
     assert on.regime_fingerprint("m", 32) == off.regime_fingerprint("m", 32)  # the same stored bytes
 
 
-def test_qa_reads_under_fixed_by_default_and_grafts_the_same_artifact(tmp_path, capsys):
+def test_qa_reads_under_fixed_by_default_and_grafts_its_artifact(tmp_path, capsys):
     import json
 
     from tieredkv.cli import main
@@ -148,10 +148,17 @@ def test_qa_reads_under_fixed_by_default_and_grafts_the_same_artifact(tmp_path, 
     (passage,) = on["shown"]  # one passage, centred on the question's words
     assert "The secret colour is teal." in passage["text"] and passage["tokens"][1] - passage["tokens"][0] == 64
     assert on["reencoded_pages"][0] == 0 and on["reading"]["frame_tokens"] == len("Document:\n")
-    assert main([*args, "--read-passages", "0"]) == 0  # no reading: attention retrieves from the stored pages
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["context"].startswith("grafted")
+    # no reading: attention retrieves from the stored pages, which a reading ingests per head (qa_config);
+    # without one the document is stored once more, under the union of the heads' pages, then grafted
+    assert main([*args, "--read-passages", "0"]) == 0
     off = json.loads(capsys.readouterr().out)
-    assert off["context"].startswith("grafted") and off["artifact"] == on["artifact"]
+    assert off["context"] == "ingested" and off["artifact"] != on["artifact"]
     assert off["reencoded_pages"] == [] and off["attended"] == "retrieved" and off["reading"] is None
+    assert main([*args, "--read-passages", "0"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["context"].startswith("grafted") and again["artifact"] == off["artifact"]
     assert main([*args, "--read-passages", "0", "--reencode-pages", "3"]) == 0  # the earlier question-time step
     beside = json.loads(capsys.readouterr().out)
     assert beside["attended"] == "retrieved" and beside["reencoded_pages"][0] == 0 and len(beside["reencoded_pages"]) <= 4

@@ -136,7 +136,8 @@ class FixedDistance(PlacementPolicy):
         per_head = [fixed_positions(ctx.spans, [*far, *row], ctx.spans[first].start) for row in rows]
         shifts = {i: per_head[0][i] for i in far}
         assert all(d[i] == shifts[i] for d in per_head for i in far), "heads pack the shared pages differently"
-        return shifts, HeadPages(tuple(map(tuple, rows)), tuple(tuple(d[p] for p in row) for d, row in zip(per_head, rows)))
+        moved = tuple(tuple(d[p] for p in row) for d, row in zip(per_head, rows))
+        return shifts, HeadPages(tuple(map(tuple, rows)), moved)
 
 
 POLICIES: dict[str, type[PlacementPolicy]] = {"own": OwnPositions, "fixed": FixedDistance}
