@@ -202,3 +202,38 @@ def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_p
     assert beyond.position == "fixed" and beyond.retrieval == "per_head"
     assert qa_config(lm, 4_000).retrieval == "union"  # inside the window: own positions, no reading
     assert qa_config(lm, 10_000, reading=ReadingConfig(signal="attention")).retrieval == "union"
+
+
+@pytest.mark.parametrize("position", ["own", "fixed"])
+def test_per_head_decode_steps_update_the_block_in_place(position, tiny_model, tmp_path):
+    """Decode steps keep each head's still-wanted pages in their columns and write only what joined (or,
+    under fixed, re-rotate the keys of a page whose packed position moved): every column still holds
+    exactly its page's bytes, and the block holds exactly each head's current pages."""
+    lm = tiny_model("tiny-llama")
+    policy = RecordingOwn() if position == "own" else RecordingFixed()
+    with tiered(lm, tmp_path, TieredConfig(**SMALL, position=position, retrieval="per_head")) as tm:
+        tm.use_policy(policy)
+        tm.prefill(_ids(640, 1))
+        tm.cache.flush(partial=False)
+        pages = {i: tm.store.get(key) for i, key in enumerate(tm.cache.page_keys)}
+        copied, changed = 0, 0
+        for step in range(8):
+            before = sum(layer.buffer.num_copied_tokens for layer in tm.cache.layers)
+            policy.rows.clear()
+            tm(torch.tensor([[step + 3]]), logits_to_keep=1)
+            copied += sum(layer.buffer.num_copied_tokens for layer in tm.cache.layers) - before
+            for layer, rows in policy.rows:
+                key, heads = tm.cache._blocks[layer]
+                buf = tm.cache.layers[layer].buffer
+                at = buf.slot_start(key)
+                assert [sorted(r) for r in heads.pages] == rows  # each head's current pages, some column order
+                changed += step > 0 and heads.pages != tuple(map(tuple, rows))
+                for h, (row, moved) in enumerate(zip(heads.pages, heads.shifts)):
+                    for j, (p, d) in enumerate(zip(row, moved)):
+                        k, v = pages[p].layer_kv(layer)
+                        want = rerotate(lm.model, k[h], [d], layer, sizes=[PAGE]) if d else k[h]
+                        assert torch.equal(buf.k[0, h, at + j * PAGE:at + (j + 1) * PAGE], want)
+                        assert torch.equal(buf.v[0, h, at + j * PAGE:at + (j + 1) * PAGE], v[h])
+    assert changed, "no step kept pages out of position order: the in-place path was not exercised"
+    whole = 8 * len(tm.cache.layers) * 2 * PAGE  # each step rewriting every block whole
+    assert copied < whole

@@ -86,12 +86,15 @@ def test_generate_unchanged_when_context_fits(tiny_model, tmp_path):
     assert got == ref
 
 
-@pytest.mark.parametrize("name,position", [(m, "own") for m in TINY_MODELS] + [(m, "fixed") for m in ROTARY])
-def test_graft_then_tiered_equals_fresh_tiered(name, position, tiny_model, tmp_path):
+@pytest.mark.parametrize("name,position,retrieval", [(m, "own", "union") for m in TINY_MODELS]
+                         + [(m, "fixed", "union") for m in ROTARY]
+                         + [(m, p, "per_head") for m in ("tiny-llama", "tiny-gemma3") for p in ("own", "fixed")])
+def test_graft_then_tiered_equals_fresh_tiered(name, position, retrieval, tiny_model, tmp_path):
     """With retrieval active (context far beyond the working set), a grafted context continues
     with logits torch.equal to the same TieredModel run fresh."""
     lm = tiny_model(name)
-    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position=position)
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position=position,
+                       retrieval=retrieval)
     doc, question = _ids(700, 4), _ids(40, 5)
     with tiered(lm, tmp_path, cfg) as tm:
         art = tm.ingest(doc)
@@ -400,9 +403,11 @@ def _decode_logits(tm: TieredModel, question: list[int], steps: int) -> tuple[to
     return torch.stack(out), copied() - before
 
 
-@pytest.mark.parametrize("position,one_token_first", [("own", False), ("fixed", False), ("own", True)])
-def test_decode_steps_in_place_copy_less_and_keep_graft_equal_to_fresh(position, one_token_first, tiny_model,
-                                                                        tmp_path):
+@pytest.mark.parametrize("position,one_token_first,retrieval", [
+    ("own", False, "union"), ("fixed", False, "union"), ("own", True, "union"),
+    ("own", False, "per_head"), ("fixed", False, "per_head"), ("fixed", True, "per_head")])
+def test_decode_steps_in_place_copy_less_and_keep_graft_equal_to_fresh(position, one_token_first, retrieval,
+                                                                        tiny_model, tmp_path):
     """Retrieving decode steps leave pages where they sit in the working set (kv_buffer.py): fewer
     copies than position order, the same pages attended (logits equal up to summation order, which
     is documented as approximate), and a graft still continues torch.equal to a fresh run, also
@@ -411,7 +416,8 @@ def test_decode_steps_in_place_copy_less_and_keep_graft_equal_to_fresh(position,
     from tieredkv.placement import policy_for
 
     lm = tiny_model("tiny-llama")
-    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position=position)
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position=position,
+                       retrieval=retrieval)
     with tiered(lm, tmp_path / "s", cfg) as tm:
         n = (700 // tm.page_size + 1) * tm.page_size - 1 if one_token_first else 700
         doc, question = _ids(n, 4), _ids(40, 5)

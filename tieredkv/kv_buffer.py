@@ -162,6 +162,20 @@ class WorkingSetBuffer:
     def num_hole_tokens(self) -> int:
         return _hole_tokens(self.slots)
 
+    def slot_start(self, key: SlotKey) -> int | None:
+        """Where the slot holding `key` starts in the buffer (None: no such slot)."""
+        at = self.lo
+        for slot in self.slots:
+            if slot == key:
+                return at
+            at += slot.num_tokens
+        return None
+
+    def rename_slot(self, old: SlotKey, new: SlotKey) -> None:
+        """The slot holding `old` holds `new` now: its caller rewrote the bytes in place (the same size)."""
+        assert old.num_tokens == new.num_tokens and new not in self.slots, f"cannot rename {old} to {new}"
+        self.slots[self.slots.index(old)] = new
+
     def arrange(self, wanted: list[SlotKey], fill: Fill, *, in_order: bool = True) -> None:
         """Make the slots exactly `wanted` (in order; with `in_order=False`, `_arrange_in_place`), then the tail.
 

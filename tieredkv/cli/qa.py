@@ -46,6 +46,8 @@ def _config(a, lm, num_tokens: int):
 
     fields = dict(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages, topk_pages=a.topk_pages,
                   position=a.position)
+    if a.retrieval is not None:
+        fields["retrieval"] = a.retrieval
     reading_flags = {k: v for k, v in (("passages", a.read_passages), ("passage_tokens", a.read_tokens),
                                        ("signal", a.read_signal)) if v is not None}
     try:
@@ -164,7 +166,7 @@ def cmd_qa(a) -> int:
 def register(sub) -> None:
     from tieredkv.corpus import DEFAULT_QUESTION
     from tieredkv.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
-    from tieredkv.tiered_config import READING_SIGNALS
+    from tieredkv.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
 
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)
@@ -178,6 +180,9 @@ def register(sub) -> None:
     p.add_argument("--topk-pages", type=positive_int, help="per KV head (default: 16 under --position own, 8 under fixed)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
+    p.add_argument("--retrieval", choices=RETRIEVAL_MODES,
+                   help="whom a KV head's top-k pages serve: every head (union) or itself (per_head: a working set "
+                        "of fixed size); default per_head for a document read with the lexical signal, else union")
     r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/reading.py)")
     r.add_argument("--read-passages", type=nonneg_int,
                    help=f"places in the document the question reads afresh (default {QA_READING.passages}; 0: no "
