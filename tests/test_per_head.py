@@ -223,7 +223,7 @@ def test_per_head_decode_steps_update_the_block_in_place(position, tiny_model, t
             tm(torch.tensor([[step + 3]]), logits_to_keep=1)
             copied += sum(layer.buffer.num_copied_tokens for layer in tm.cache.layers) - before
             for layer, rows in policy.rows:
-                key, heads = tm.cache._blocks[layer]
+                key, heads = tm.cache.blocks[layer]
                 buf = tm.cache.layers[layer].buffer
                 at = buf.slot_start(key)
                 assert [sorted(r) for r in heads.pages] == rows  # each head's current pages, some column order
@@ -237,3 +237,32 @@ def test_per_head_decode_steps_update_the_block_in_place(position, tiny_model, t
     assert changed, "no step kept pages out of position order: the in-place path was not exercised"
     whole = 8 * len(tm.cache.layers) * 2 * PAGE  # each step rewriting every block whole
     assert copied < whole
+
+
+class _PartialToHeadZero(OwnPositions):
+    """Head 0's top pages swap its first page for the partial page 20 (as a head may choose it)."""
+
+    def retrieve_per_head(self, ctx, layer_idx, query):
+        rows = super().retrieve_per_head(ctx, layer_idx, query)
+        if 20 not in rows[0] and all(20 not in r for r in rows[1:]):
+            rows[0] = sorted([20, *rows[0][1:]])
+        return rows
+
+
+def test_per_head_falls_back_to_the_union_when_heads_would_read_unequal_keys(tiny_model, tmp_path):
+    """A context continued after a partial last page holds a partial page among the far ones: a forward
+    where heads chose pages of unequal total length attends to the union instead (one buffer cannot
+    hold rows of unequal length)."""
+    lm = tiny_model("tiny-llama")
+    with tiered(lm, tmp_path, TieredConfig(**SMALL, retrieval="per_head")) as tm:
+        art = tm.ingest(_ids(650, 1))  # 20 whole pages and a partial one of 10 tokens
+        tm.graft(art)
+        tm.prefill(_ids(200, 2))  # the partial page 20 leaves the local window
+        assert tm.cache.spans[20].end - tm.cache.spans[20].start == 10 and tm.cache.local_first > 20
+        tm.use_policy(_PartialToHeadZero())
+        tm.cache.blocks.clear()
+        logits = tm(torch.tensor([[9]]), logits_to_keep=1).logits
+        for layer in range(len(tm.cache.layers)):  # the union: page 20 for every head, no per-head block
+            assert 20 in tm.cache.last_selection(layer) and layer not in tm.cache.blocks
+            assert not any(slot.source > 0 for slot in tm.cache.layers[layer].buffer.slots)
+    assert torch.isfinite(logits).all()

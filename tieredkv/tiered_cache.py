@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
+from tieredkv import head_block
 from tieredkv.errors import UnsupportedModelError
 from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
 from tieredkv.placement import PlacementPolicy, policy_for
@@ -190,7 +191,7 @@ class TieredCache(Cache):
         self.prefetcher = Prefetcher(store)
         self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
         self._prev_q: dict[int, int] = {}  # layer -> query tokens of its previous forward (none since a flush)
-        self._blocks: dict[int, tuple[SlotKey, HeadPages]] = {}  # layer -> the per-head block its buffer holds
+        self.blocks: dict[int, tuple[SlotKey, HeadPages]] = {}  # layer -> the per-head block its buffer holds
         # page id -> per layer (K, V), computed afresh at question time (tieredkv/reencode.py); full-attention
         # layers read these instead of the stored page, and always hold them in their working set
         self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
@@ -318,7 +319,7 @@ class TieredCache(Cache):
 
         The layer's buffer keeps the previous working set in place: only pages that joined the
         selection, or moved in it, are fetched and copied (kv_buffer.py). With `retrieval="per_head"`
-        each KV head's own pages make one slot between the sink and the local window (`_head_block`):
+        each KV head's own pages make one slot between the sink and the local window (head_block.py):
         head h's rows hold head h's pages, and every query sees all of them (far pages precede every
         query, so the mask needs no per-head rows)."""
         layer = self.layers[layer_idx]
@@ -337,15 +338,15 @@ class TieredCache(Cache):
         items: list[tuple[Span, int] | HeadPages] = list(parts)
         wanted = [self._slot_key(s, off, shifts.get(s.page_id, 0), layer_idx) for s, off in parts]
         if heads is not None:
-            heads = self._update_block_in_place(layer_idx, heads) if in_place else heads
+            heads = head_block.update_in_place(self, layer_idx, heads) if in_place else heads
             at = sum(1 for s, _ in parts if s.page_id < self.local_first)  # after the shared far pages
             items.insert(at, heads)
-            wanted.insert(at, self._head_block_key(heads))
+            wanted.insert(at, head_block.block_key(self.spans, heads))
         self._last_selection[layer_idx] = sorted({s.page_id for s, _ in parts}.union(heads.union() if heads else ()))
         buffer.arrange(wanted, lambda idx: self._fill([items[i] for i in idx], shifts, layer_idx),
                        in_order=not in_place)
         if heads is not None:
-            self._blocks[layer_idx] = (wanted[at], heads)
+            self.blocks[layer_idx] = (wanted[at], heads)
         k_all, v_all, k_pos = buffer.views()
         q_pos = torch.arange(end - q, end, device=query.device)
         mask = build_mask(q_pos, k_pos, sliding_window=layer.sliding_window, kind=kind, dtype=query.dtype,
@@ -390,86 +391,8 @@ class TieredCache(Cache):
             out[i] = kv
         for i, item in enumerate(items):
             if isinstance(item, HeadPages):
-                out[i] = self._head_block(item, layer_idx)
+                out[i] = head_block.block_kv(self, item, layer_idx)
         return out
-
-    def _head_block_key(self, heads: HeadPages) -> SlotKey:
-        """The slot of a per-head block: its tokens get positions [0, n), before every query (visible to
-        all, never to a sliding window: only full-attention layers retrieve); its content is named by
-        the pages and shifts of every head (equal keys, equal bytes)."""
-        n = sum(self.spans[p].end - self.spans[p].start for p in heads.pages[0])
-        source = (hash((heads.pages, heads.shifts)) & ((1 << 61) - 1)) | (1 << 61)  # > 0: not a page, not a hole
-        return SlotKey(0, n, 0, 0, source)
-
-    def _head_block(self, heads: HeadPages, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V [Hkv, n, D]: row h holds head h's pages back to back, keys moved by their shifts."""
-        from tieredkv.rotary import rerotate
-
-        pin = {(self.page_keys[p], layer_idx) for p in heads.union()}
-        kv = {p: self.page_kv(p, layer_idx, pin) for p in heads.union()}  # each [Hkv, T, D]
-        ks, vs = [], []
-        for h, (row, moved) in enumerate(zip(heads.pages, heads.shifts)):
-            k = torch.cat([kv[p][0][h] for p in row])  # [n, D]
-            if any(moved):
-                k = rerotate(self.model, k, list(moved), layer_idx, sizes=[kv[p][0].shape[1] for p in row])
-            ks.append(k)
-            vs.append(torch.cat([kv[p][1][h] for p in row]))
-        return torch.stack(ks), torch.stack(vs)
-
-    def _update_block_in_place(self, layer_idx: int, heads: HeadPages) -> HeadPages:
-        """A decode step in place: `heads` with each head's pages in the columns of the block the buffer
-        holds, renamed there. A page still wanted keeps its column (a new shift re-rotates its keys where
-        they are); joined pages take the freed columns; nothing else is written. `heads` as given (in
-        position order, to be written whole) when the buffer holds no block of whole pages to update."""
-        prev = self._blocks.get(layer_idx)
-        buffer = self.layers[layer_idx].buffer
-        start = None if prev is None else buffer.slot_start(prev[0])
-        pages = {p for hp in (heads, prev[1]) for p in hp.union()} if start is not None else ()
-        if start is None or prev[1].num_pages != heads.num_pages or \
-                any(self.spans[p].end - self.spans[p].start != self.page_size for p in pages):
-            return heads
-        rows, moved, writes = [], [], []  # writes: (head, column, page, shift, keys only)
-        for h, (old_pages, old_shifts) in enumerate(zip(prev[1].pages, prev[1].shifts)):
-            want = dict(zip(heads.pages[h], heads.shifts[h]))  # position order
-            row, free = list(zip(old_pages, old_shifts)), []
-            for j, (p, d) in enumerate(row):
-                if p not in want:
-                    free.append(j)
-                    continue
-                if want[p] != d:
-                    writes.append((h, j, p, want[p], True))
-                    row[j] = (p, want[p])
-                del want[p]
-            for j, (p, d) in zip(free, want.items()):
-                writes.append((h, j, p, d, False))
-                row[j] = (p, d)
-            rows.append(row)
-        new = HeadPages(tuple(tuple(p for p, _ in r) for r in rows), tuple(tuple(d for _, d in r) for r in rows))
-        if writes:
-            self._write_block_cells(layer_idx, start, writes)
-        key = self._head_block_key(new)
-        if key != prev[0]:
-            buffer.rename_slot(prev[0], key)
-        return new
-
-    def _write_block_cells(self, layer_idx: int, start: int, writes: list[tuple[int, int, int, int, bool]]) -> None:
-        """Write (head, column, page, shift, keys only) cells of the block at `start`: the page's K of that
-        head moved by its shift (and V, unless keys only), as `_head_block` would have put them there."""
-        from tieredkv.rotary import rerotate
-
-        buffer, t = self.layers[layer_idx].buffer, self.page_size
-        pin = {(self.page_keys[p], layer_idx) for _, _, p, _, _ in writes}
-        kv = {p: self.page_kv(p, layer_idx, pin) for p in {w[2] for w in writes}}  # each [Hkv, T, D]
-        keys = torch.cat([kv[p][0][h] for h, _, p, _, _ in writes])  # [n * T, D]
-        shifts = [d for _, _, _, d, _ in writes]
-        if any(shifts):
-            keys = rerotate(self.model, keys, shifts, layer_idx, sizes=[t] * len(writes))
-        for i, (h, j, p, _, keys_only) in enumerate(writes):
-            a = start + j * t
-            buffer.k[0, h, a:a + t] = keys[i * t:(i + 1) * t]
-            if not keys_only:
-                buffer.v[0, h, a:a + t] = kv[p][1][h]
-        buffer.num_copied_tokens += len(writes) * t // buffer.num_kv_heads
 
     def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:

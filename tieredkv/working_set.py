@@ -23,8 +23,10 @@ class Span:
 @dataclass(frozen=True)
 class HeadPages:
     """Retrieved pages that each KV head attends to alone (`TieredConfig.retrieval="per_head"`):
-    `pages[h]` in position order, the same count for every head, and `shifts[h]` their position
-    shifts (zeros at own positions). Equal contents, equal bytes in the working set."""
+    `pages[h]`, the same count for every head, and `shifts[h]` their position shifts (zeros at own
+    positions), in the order of their columns in the working set: position order when the block is
+    laid out whole, kept columns after a decode step in place (head_block.py). Equal contents, equal
+    bytes in the working set."""
 
     pages: tuple[tuple[int, ...], ...]  # [Hkv][m]
     shifts: tuple[tuple[int, ...], ...]  # [Hkv][m]
