@@ -7,12 +7,15 @@
     LMDB           ── zero-copy view (one read transaction) ── SHA-256 while copied ────┼─> out[:, :, :, s:e]
     neither / bad  ── PageStore.get: remote read-through, quarantine, typed errors ─────┘
 
-Worker threads take whole pages: parse and check the header, then hash the page and copy it
-into place while it is still in cache. hashlib and numpy's copy release the GIL on buffers this
-large, so hashing runs on every core (and one page's header parse overlaps another's hashing).
-The threads are the store's own (`PageStore.hash_pool`), started once. A page whose SHA-256 does
-not match is never copied and never returned: its bytes are quarantined and the page is read
-again through `PageStore.get`, which heals it from a remote or raises CorruptPageError.
+Worker threads take whole pages: parse and check the header, hash the page, then copy it into
+place while it is still in cache. hashlib and numpy's copy release the GIL on buffers this large,
+so hashing runs on every core (and one page's header parse overlaps another's hashing). A worker
+gets its page as soon as the value is looked up, and waits only to copy, for the plan of the
+whole restore (every value's length gives its tokens, hence where each page goes), which is
+made long before the first page is hashed. The threads are the store's own
+(`PageStore.hash_pool`), started once. A page whose SHA-256 does not match is never copied and
+never returned: its bytes are quarantined and the page is read again through `PageStore.get`,
+which heals it from a remote or raises CorruptPageError.
 
 NOTE: hashing and copying a piece at a time while it sits in a core's L2 measured no faster than
 page by page (this VM's 260 MB L3 holds a page between the two): the copy is bound by memory
@@ -20,11 +23,13 @@ writes, which is why restore stays near 0.75 of hashing alone (docs/PERFORMANCE.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -72,34 +77,59 @@ def kv_view(buffer: torch.Tensor, layout: PageLayout, num_tokens: int) -> torch.
 
 @dataclass
 class _Job:
-    """One page: where it goes (`dst`: [L, 2, Hkv, T, itemsize * D] bytes of `out`) and where it comes from."""
+    """One page: where it comes from (a host copy, verified when admitted, or an LMDB value)."""
 
     index: int
     key: str
-    num_tokens: int
-    dst: np.ndarray
     header: PageHeader | None = None  # known (host tier); else parsed from `raw` by the worker
     payload: memoryview | None = None  # host payload (verified at admission)
-    raw: memoryview | None = None  # LMDB value: parsed, then hashed while copied
+    raw: memoryview | None = None  # LMDB value: parsed and hashed, then copied
 
 
-def _run(job: _Job, layout: PageLayout) -> PageHeader | CorruptPageError:
-    """Copy one page into place (worker thread); hash it if it came from LMDB. Never raises for bad bytes."""
-    verify = job.raw is not None
-    if verify:
+class _Plan:
+    """Where every page goes, known once every value was looked up (`make`). Workers verify their
+    page meanwhile and wait for it (`ready`) only to copy; `dsts` None: nothing is copied."""
+
+    def __init__(self):
+        self.ready = threading.Event()
+        self.layout: PageLayout | None = None
+        self.counts: list[int] = []
+        self.kv: torch.Tensor | None = None
+        self.dsts: list[np.ndarray] | None = None  # per page: [L, 2, Hkv, T, itemsize * D] bytes of `kv`
+
+    def make(self, jobs: list[_Job], buffer: torch.Tensor | None) -> None:
+        counts = _plan(jobs)
+        if counts is None:
+            return
+        self.layout, self.counts = counts
+        lay, n = self.layout, sum(self.counts)
+        self.kv = torch.empty((lay.num_layers, 2, lay.num_kv_heads, n, lay.head_dim), dtype=lay.torch_dtype) \
+            if buffer is None else kv_view(buffer, lay, n)
+        out = self.kv.view(torch.uint8).numpy()  # [L, 2, Hkv, N, D * itemsize]: bytes, whatever the dtype (bf16)
+        at = np.cumsum([0, *self.counts])
+        self.dsts = [out[:, :, :, a:a + t] for a, t in zip(at.tolist(), self.counts)]
+
+
+def _run(job: _Job, plan: _Plan) -> PageHeader | CorruptPageError:
+    """Verify one page if it came from LMDB (framing, header, SHA-256), then, once the plan is made,
+    copy it into place (worker thread). Never raises for bad bytes."""
+    if job.raw is not None:
         try:
             header, payload = Page.open_bytes(job.raw, expected_key=job.key)
         except CorruptPageError as exc:
             return exc
-        if header.layout != layout or header.num_tokens != job.num_tokens:
-            return CorruptPageError(job.key, f"holds {header.num_tokens} tokens of {header.layout}; its value "
-                                             f"length says {job.num_tokens} of {layout}")
+        if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
+            return CorruptPageError(job.key, "payload_sha256 mismatch: the payload was altered")
     else:
         header, payload = job.header, job.payload
-    src = np.frombuffer(payload, dtype=np.uint8).reshape(job.dst.shape)
-    if verify and hashlib.sha256(payload).hexdigest() != header.payload_sha256:
-        return CorruptPageError(job.key, "payload_sha256 mismatch: the payload was altered")
-    job.dst[...] = src  # NOTE: after the hash, which left the page in cache; bad bytes are never copied
+    plan.ready.wait()
+    if plan.dsts is None:
+        return header
+    dst, want = plan.dsts[job.index], plan.counts[job.index]
+    if header.layout != plan.layout or header.num_tokens != want:
+        return CorruptPageError(job.key, f"holds {header.num_tokens} tokens of {header.layout}; its value "
+                                         f"length says {want} of {plan.layout}")
+    dst[...] = np.frombuffer(payload, dtype=np.uint8).reshape(dst.shape)  # NOTE: after the hash: bad bytes never land
     return header
 
 
@@ -112,35 +142,70 @@ def restore_pages(store: "PageStore", keys: Sequence[str], *, buffer: torch.Tens
     if not keys:
         raise ValueError("nothing to restore: no page keys")
     workers = max(1, min(workers or os.cpu_count() or 1, len(keys)))
-    host_hits = [store.host_tier.peek(key) for key in keys]
-    for key, hit in zip(keys, host_hits):
+    jobs = []
+    for i, key in enumerate(keys):
+        hit = store.host_tier.peek(key)
         if hit is not None:
             store.touch_host(key)
-    lmdb_idx = [i for i, hit in enumerate(host_hits) if hit is None]
-    with store.lmdb_tier.views([keys[i] for i in lmdb_idx]) as raw_views:
-        raws: list[memoryview | None] = [None] * len(keys)
-        for i, raw in zip(lmdb_idx, raw_views):
-            raws[i] = raw
-        counts = _plan(keys, host_hits, raws)
-        if counts is not None:
-            layout, num_tokens = counts[0], sum(counts[1])
-            kv = torch.empty((layout.num_layers, 2, layout.num_kv_heads, num_tokens, layout.head_dim),
-                             dtype=layout.torch_dtype) if buffer is None else kv_view(buffer, layout, num_tokens)
-            results = _copy_all(store, keys, host_hits, raws, counts[1], kv, layout, workers)
-            corrupt = {i: (bytes(raws[i]), r) for i, r in enumerate(results) if isinstance(r, CorruptPageError)}
+        jobs.append(_Job(i, key) if hit is None else _Job(i, key, hit[0], _host_view(hit[1])))
+    with store.lmdb_tier.view_reader() as view:
+        plan, results = _restore_into(store, jobs, view, buffer, workers)
+        corrupt = {} if plan.dsts is None else {
+            i: (bytes(jobs[i].raw), r) for i, r in enumerate(results) if isinstance(r, CorruptPageError)}
         # NOTE: drop every view of the map before the transaction ends
-        del raw_views, raws
+        for job in jobs:
+            job.raw = None
 
-    if counts is None:  # a page LMDB lacks (a remote may hold it) or whose framing is broken
+    if plan.dsts is None:  # a page LMDB lacks (a remote may hold it) or whose framing is broken
         return _restore_slow(store, keys, buffer, workers, {})
     for i, (raw, _exc) in corrupt.items():
         store.drop_corrupt(keys[i], raw)
     if corrupt:
         return _restore_slow(store, keys, buffer, workers, corrupt)
-    stats = RestoreStats(host_pages=len(keys) - len(lmdb_idx), verified_pages=len(lmdb_idx),
-                         nbytes=kv.numel() * kv.element_size())
+    num_lmdb = sum(j.header is None for j in jobs)
+    stats = RestoreStats(host_pages=len(keys) - num_lmdb, verified_pages=num_lmdb,
+                         nbytes=plan.kv.numel() * plan.kv.element_size())
     store.lmdb_tier.note_verified(stats.verified_pages)
-    return Restored(results, kv, stats)
+    return Restored(results, plan.kv, stats)
+
+
+def _host_view(payload) -> memoryview:
+    return memoryview(payload.numpy()) if isinstance(payload, torch.Tensor) else payload  # pinned
+
+
+def _restore_into(store: "PageStore", jobs: list[_Job], view, buffer, workers: int
+                  ) -> tuple[_Plan, list[PageHeader | CorruptPageError]]:
+    """Look up each job's LMDB value (`view`; None: every job is a host copy) and hand it to a worker at
+    once, so hashing starts with the first value; make the plan meanwhile. Results in job order, or
+    nothing useful when the plan could not be made (then nothing was copied)."""
+    plan = _Plan()
+    with _workers(store, workers) as pool:
+        futures = []
+        try:
+            for job in jobs:
+                if job.header is None and view is not None:
+                    job.raw = view(job.key)
+                if pool is not None and (job.header is not None or job.raw is not None):
+                    futures.append(pool.submit(_run, job, plan))
+            plan.make(jobs, buffer)
+        finally:
+            plan.ready.set()
+            wait(futures)  # NOTE: every worker is done with the views before the caller's transaction ends
+        if pool is not None:
+            return plan, [f.result() for f in futures]
+    return plan, ([] if plan.dsts is None else [_run(job, plan) for job in jobs])
+
+
+@contextlib.contextmanager
+def _workers(store: "PageStore", workers: int) -> Iterator[ThreadPoolExecutor | None]:
+    """The store's own threads when that is one per core, else a pool of `workers` (None: this thread)."""
+    if workers == 1:
+        yield None
+    elif workers == (os.cpu_count() or 1):
+        yield store.hash_pool()
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tieredkv-restore") as pool:
+            yield pool
 
 
 def _check_stored(key: str, raw: memoryview | None) -> PageHeader | CorruptPageError | None:
@@ -175,12 +240,12 @@ def verify_stored(store: "PageStore", keys: Sequence[str], *, workers: int | Non
     return results
 
 
-def _plan(keys, host_hits, raws) -> tuple[PageLayout, list[int]] | None:
+def _plan(jobs: list[_Job]) -> tuple[PageLayout, list[int]] | None:
     """(layout, tokens per page), from host headers and LMDB value lengths; None when a page is
     missing or a value cannot be a page of that layout (the slow path reports why)."""
-    layout = next((hit[0].layout for hit in host_hits if hit is not None), None)
+    layout = next((j.header.layout for j in jobs if j.header is not None), None)
     if layout is None:
-        first = next((r for r in raws if r is not None), None)
+        first = next((j.raw for j in jobs if j.raw is not None), None)
         if first is None:
             return None
         try:
@@ -188,47 +253,26 @@ def _plan(keys, host_hits, raws) -> tuple[PageLayout, list[int]] | None:
         except CorruptPageError:
             return None
     counts = []
-    for hit, raw in zip(host_hits, raws):
-        if hit is not None:
-            if hit[0].layout != layout:
-                raise LayoutMismatchError(f"page {hit[0].key} has layout {hit[0].layout}, not {layout}: "
+    for job in jobs:
+        if job.header is not None:
+            if job.header.layout != layout:
+                raise LayoutMismatchError(f"page {job.key} has layout {job.header.layout}, not {layout}: "
                                           "pages restored together must share one layout")
-            counts.append(hit[0].num_tokens)
+            counts.append(job.header.num_tokens)
             continue
-        if raw is None:
+        if job.raw is None:
             return None
-        t, rest = divmod(body_len(raw), layout.token_nbytes)
+        t, rest = divmod(body_len(job.raw), layout.token_nbytes)
         if rest or not 1 <= t <= layout.page_size:
             return None
         counts.append(t)
     return layout, counts
 
 
-def _copy_all(store: "PageStore", keys, host_hits, raws, counts, kv: torch.Tensor, layout: PageLayout,
-              workers: int) -> list[PageHeader | CorruptPageError]:
-    out = kv.view(torch.uint8).numpy()  # [L, 2, Hkv, N, D * itemsize]: bytes, whatever the dtype (bf16)
-    jobs, at = [], 0
-    for i, (key, hit, raw, t) in enumerate(zip(keys, host_hits, raws, counts)):
-        job = _Job(i, key, t, out[:, :, :, at:at + t])
-        if hit is not None:
-            payload = hit[1]
-            job.header = hit[0]
-            job.payload = memoryview(payload.numpy()) if isinstance(payload, torch.Tensor) else payload  # pinned
-        else:
-            job.raw = raw
-        jobs.append(job)
-        at += t
-    return _map(store, workers, lambda j: _run(j, layout), jobs)
-
-
 def _map(store: "PageStore", workers: int, fn, *items) -> list:
-    """`list(map(fn, *items))` on `workers` threads: the store's own pool when that is one per core."""
-    if workers == 1:
-        return list(map(fn, *items))
-    if workers == (os.cpu_count() or 1):
-        return list(store.hash_pool().map(fn, *items))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tieredkv-restore") as pool:
-        return list(pool.map(fn, *items))
+    """`list(map(fn, *items))` on `workers` threads (`_workers`)."""
+    with _workers(store, workers) as pool:
+        return list(map(fn, *items) if pool is None else pool.map(fn, *items))
 
 
 def _restore_slow(store: "PageStore", keys: list[str], buffer, workers,
@@ -241,11 +285,6 @@ def _restore_slow(store: "PageStore", keys: list[str], buffer, workers,
         if corrupt:  # as PageStore.get: corrupt with no verified copy elsewhere is CorruptPageError
             raise next(iter(corrupt.values()))[1] from None
         raise
-    layout = pages[0].layout
-    hits = [(p.header, memoryview(p.payload)) for p in pages]
-    counts = _plan(keys, hits, [None] * len(keys))[1]
-    num_tokens = sum(counts)
-    kv = torch.empty((layout.num_layers, 2, layout.num_kv_heads, num_tokens, layout.head_dim),
-                     dtype=layout.torch_dtype) if buffer is None else kv_view(buffer, layout, num_tokens)
-    headers = _copy_all(store, keys, hits, [None] * len(keys), counts, kv, layout, workers)
-    return Restored(headers, kv, RestoreStats(fallback_pages=len(keys), nbytes=kv.numel() * kv.element_size()))
+    jobs = [_Job(i, key, p.header, memoryview(p.payload)) for i, (key, p) in enumerate(zip(keys, pages))]
+    plan, headers = _restore_into(store, jobs, None, buffer, workers)
+    return Restored(headers, plan.kv, RestoreStats(fallback_pages=len(keys), nbytes=plan.kv.numel() * plan.kv.element_size()))
