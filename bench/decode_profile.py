@@ -54,6 +54,11 @@ def group_of(path: str, func: str) -> str:
     return "other (model code, norms, activations, Python)"
 
 
+def _variant(a) -> str:
+    """What names the retrieval in file names: nothing for the uncapped union (the names runs had before)."""
+    return (f"-{a.retrieval}" if a.retrieval != "union" else "") + (f"-union{a.union_pages}" if a.union_pages else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -67,6 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse-steps", type=int, default=0,
                     help="TieredConfig.reuse_steps (approximate; 0: search at every step, exact)")
     ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union", help="TieredConfig.retrieval")
+    ap.add_argument("--union-pages", type=int, default=None,
+                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -75,12 +82,11 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps, retrieval=a.retrieval)
+    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps, retrieval=a.retrieval, union_pages=a.union_pages)
     ids = corpus_ids(lm, max(a.tokens + 1, a.ref_context + 1))
     started, load_start = time.perf_counter(), os.getloadavg()
     with PageStore(a.store, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg))) as store:
-        marker = Path(a.store) / f"artifact-{a.position}-{a.tokens}" if a.retrieval == "union" else \
-            Path(a.store) / f"artifact-{a.position}-{a.retrieval}-{a.tokens}"
+        marker = Path(a.store) / f"artifact-{a.position}{_variant(a)}-{a.tokens}"
         if not marker.exists():
             tm = TieredModel(lm, store, cfg)
             marker.write_text(tm.ingest(ids[:a.tokens]).artifact_id)
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
               "input_sha256": sha256_ids(ids[:a.tokens + 1]), "output_ids_sha256": sha256_ids(out),
               "seconds": round(time.perf_counter() - started, 1)}
     suffix = f".reuse-{a.reuse_steps}" if a.reuse_steps else ""
-    suffix += f".{a.retrieval}" if a.retrieval != "union" else ""
+    suffix += _variant(a).replace("-", ".", 1)
     write_report(a.out or f"bench/results/decode_profile/{a.model}.{a.position}-{a.tokens}{suffix}.json", report)
     vs = f"; plain at {a.ref_context:,}: {ref_ms:.1f} ms ({ms / ref_ms:.2f}x)" if ref_ms else ""
     print(f"{a.position} at {a.tokens:,} tokens: {ms:.1f} ms per step (median){vs}; plans reused {reused:.0%}; "

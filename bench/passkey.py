@@ -130,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--summary", default="minmax")
     ap.add_argument("--retrieval", default="union", choices=RETRIEVAL_MODES,
                     help="TieredConfig.retrieval: the union of the KV heads' top-k, or each head its own")
+    ap.add_argument("--union-pages", type=int, default=None,
+                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
     ap.add_argument("--plain-max", type=int,
@@ -152,7 +154,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
-                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, retrieval=a.retrieval)
+                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, retrieval=a.retrieval,
+                  union_pages=a.union_pages)
     rows, table = [], []
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:

@@ -7,6 +7,8 @@ bench/passkey.py runs every system end to end, and a 32K sample costs minutes of
 question is answered several ways over the grafted pages:
 
   topk=K        retrieve K pages per KV head instead of the policy's default
+  union=N       at most N retrieved pages per layer (TieredConfig.union_pages), filled by rank
+  per_head      each KV head attends to its own top-k only (TieredConfig.retrieval="per_head")
   local=L       a local window of L pages while the question and answer run
   needles-only  retrieval replaced by exactly the pages that hold a needle (no retrieved filler)
   stacked       every retrieved page at one distance (right before the local window, each page
@@ -63,9 +65,12 @@ def parse_variant(name: str) -> tuple[TieredConfig, set[str]]:
     for part in name.split(","):
         if part in ("stacked", "needles-only", "plain-compact", "reencode"):
             flags.add(part)
-        elif part.startswith(("topk=", "local=", "reencode=")):
+        elif part.startswith(("topk=", "local=", "reencode=", "union=")):
             field, value = part.split("=")
-            kw[{"topk": "topk_pages", "local": "local_pages", "reencode": "reencode_pages"}[field]] = int(value)
+            kw[{"topk": "topk_pages", "local": "local_pages", "reencode": "reencode_pages",
+                "union": "union_pages"}[field]] = int(value)
+        elif part == "per_head":
+            kw["retrieval"] = "per_head"
         elif part != "fixed":
             raise ValueError(f"unknown variant part {part!r}")
     if "reencode" in flags and "needles-only" not in flags:
@@ -170,7 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=";".join(VARIANTS),
                     help="';'-separated: " + "; ".join(VARIANTS))
     ap.add_argument("--ingest", default="fixed",
-                    help="the config documents are ingested under: fixed, or its topk=/local= changes (e.g. topk=0)")
+                    help="the config documents are ingested under: fixed, or its topk=/local=/union=/per_head changes (e.g. topk=0)")
     ap.add_argument("--work", default="bench/.sweep", help="ingested stores, reused across runs")
     ap.add_argument("--out", default="bench/results/placement_sweep.json")
     ap.add_argument("--threads", type=int)
@@ -181,7 +186,7 @@ def main(argv=None) -> int:
         if flags:
             raise ValueError(f"{', '.join(sorted(flags))} change answering, not reading")
     except ValueError as e:
-        ap.error(f"--ingest takes topk= and local= changes to fixed only ({a.ingest!r}: {e})")
+        ap.error(f"--ingest takes topk=, local=, union= and per_head changes to fixed only ({a.ingest!r}: {e})")
     variants = {}
     for v in a.variants.split(";"):
         try:

@@ -2,7 +2,8 @@
 import torch
 
 from tieredkv.schedule import canonical_chunks
-from tieredkv.working_set import Span, build_mask, fixed_positions, retrieval_excluded, select_pages, sliding_spans
+from tieredkv.working_set import (Span, build_mask, fixed_positions, merge_ranked, retrieval_excluded, select_pages,
+                                 sliding_spans)
 
 
 def test_canonical_chunks_cut_at_every_page_boundary():
@@ -50,3 +51,13 @@ def test_fixed_positions_pack_far_pages_right_before_the_local_window():
     shifts = fixed_positions(spans, far=[0, 3], local_start=800)
     # page 3 moves to [700, 800), page 0 to [600, 700): distances to the query stay small
     assert shifts == {3: 400, 0: 600}
+
+
+def test_merge_ranked_takes_every_heads_best_pages_first():
+    rows = [[9, 4, 7], [4, 2, 8], [5, 6, 1]]  # per head, best first
+    assert merge_ranked(rows, 3) == [4, 5, 9]  # each head's first
+    assert merge_ranked(rows, 4) == [2, 4, 5, 9]  # head 0's second (4) is taken: head 1's second joins
+    assert merge_ranked(rows, 5) == [2, 4, 5, 6, 9]
+    assert merge_ranked(rows, 2) == [4, 9]  # a tie for the last place goes to the head listed first
+    assert merge_ranked(rows, 9) == merge_ranked(rows, 100) == sorted({p for r in rows for p in r})
+    assert merge_ranked([[], [3]], 2) == [3] and merge_ranked([], 4) == []

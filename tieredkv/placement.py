@@ -24,7 +24,7 @@ from typing import ClassVar, Iterable
 
 import torch
 
-from tieredkv.working_set import HeadPages, fixed_positions, retrieval_excluded, select_pages
+from tieredkv.working_set import HeadPages, fixed_positions, merge_ranked, retrieval_excluded, select_pages
 
 
 def grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -59,16 +59,23 @@ class PlacementPolicy:
         return select_pages(n, sink=c.sink_pages, local=c.local_pages, retrieved=[*found, *ctx.reencoded])
 
     def retrieve(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
-        """Far pages (not sink, not local) the index scores highest for `query`, union over KV heads."""
-        return sorted({p for row in self.retrieve_per_head(ctx, layer_idx, query) for p in row})
+        """Far pages (not sink, not local) the index scores highest for `query`, union over KV heads
+        (at most `config.union_pages` of them, filled by rank: `merge_ranked`), in position order."""
+        rows = self.ranked_per_head(ctx, layer_idx, query)
+        cap = ctx.config.union_pages
+        return sorted({p for row in rows for p in row}) if cap is None else merge_ranked(rows, cap)
 
     def retrieve_per_head(self, ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
         """Each KV head's top-k far pages (not sink, not local) for `query`, in position order."""
+        return [sorted(row) for row in self.ranked_per_head(ctx, layer_idx, query)]
+
+    def ranked_per_head(self, ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
+        """Each KV head's top-k far pages (not sink, not local) for `query`, best first."""
         c = ctx.config
         grouped = grouped_queries(self.scoring_query(ctx, layer_idx, query), ctx.layout.num_kv_heads)
         exclude = retrieval_excluded(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
         ids, _ = ctx.index.search(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)
-        return [sorted(int(p) for p in row if p >= 0) for row in ids]
+        return [[int(p) for p in row if p >= 0] for row in ids]
 
     def select_heads(self, ctx, layer_idx: int, query: torch.Tensor) -> tuple[list[int], list[list[int]] | None]:
         """`select`, split for `TieredConfig.retrieval="per_head"` while the context retrieves: the pages

@@ -78,6 +78,12 @@ class TieredConfig:
     #   pages: a working set of exactly sink + top-k + local pages per head at every context length.
     # Approximate either way; the two attend to other keys, so pages sealed under them are other bytes.
     retrieval: str = "union"
+    # retrieval="union" only, approximate: the most retrieved pages a layer's union may hold. None (the
+    # default): no cap, up to Hkv x top-k. Else the union is filled by rank, each KV head's best page
+    # first, then each head's second, and so on, until it holds `union_pages` pages: a working set of at
+    # most sink + union_pages + local pages at every context length, in which every head still reads its
+    # best pages and all heads' pages together (docs/PERFORMANCE.md measures speed, docs/RESULTS.md answers).
+    union_pages: int | None = None
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
     # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves
@@ -112,6 +118,10 @@ class TieredConfig:
             raise ValueError(f"summary must be one of {SUMMARY_METHODS}, got {self.summary!r}")
         if self.retrieval not in RETRIEVAL_MODES:
             raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {self.retrieval!r}")
+        if self.union_pages is not None and (isinstance(self.union_pages, bool) or not isinstance(self.union_pages, int)
+                                             or self.union_pages < 1 or self.retrieval != "union"):
+            raise ValueError(f"union_pages caps retrieval='union' and must be an int >= 1 (or None: no cap), got "
+                             f"{self.union_pages!r} with retrieval={self.retrieval!r}")
         if self.score_frame not in SCORE_FRAMES:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.write_batch < 1:
@@ -153,8 +163,12 @@ class TieredConfig:
 
     def working_set_pages(self, num_kv_heads: int) -> int:
         """The most pages one layer's working set can read: every KV head's top-k may differ (with
-        either `retrieval`), so a device tier of this many pages (all layers) never evicts mid-forward."""
-        return self.sink_pages + self.local_pages + num_kv_heads * self.topk_pages
+        either `retrieval`; `union_pages` caps the union), so a device tier of this many pages (all
+        layers) never evicts mid-forward."""
+        retrieved = num_kv_heads * self.topk_pages
+        if self.union_pages is not None:
+            retrieved = min(retrieved, self.union_pages)
+        return self.sink_pages + self.local_pages + retrieved
 
     def regime(self, page_size: int) -> dict:
         """What decides the K/V bytes of pages sealed under this config."""
@@ -166,6 +180,8 @@ class TieredConfig:
             d.pop("reuse_steps")  # exact selection: what regimes recorded before the field existed
         if self.retrieval == "union":
             d.pop("retrieval")  # what regimes recorded before the field existed
+        if self.union_pages is None:
+            d.pop("union_pages")  # no cap: what regimes recorded before the field existed
         if self.position != "fixed" or self.score_frame == "own":
             # no effect under "own"; "own" is what fixed-policy regimes recorded before the field existed
             d.pop("score_frame")

@@ -54,6 +54,18 @@ def select_pages(num_pages: int, *, sink: int, local: int, retrieved: Sequence[i
     return sorted(chosen)
 
 
+def merge_ranked(rows: Sequence[Sequence[int]], cap: int) -> list[int]:
+    """Up to `cap` unique pages from per-head rankings (`rows[h]`, best first), in position order: every
+    row's first page, then every row's second, and so on (a head listed earlier wins a tie for the last
+    places). With `cap` >= the union of the rows, that union."""
+    chosen: dict[int, None] = {}
+    for rank in range(max((len(r) for r in rows), default=0)):
+        for row in rows:
+            if rank < len(row) and len(chosen) < cap:
+                chosen.setdefault(int(row[rank]))
+    return sorted(chosen)
+
+
 def retrieval_excluded(num_pages: int, *, sink: int, local: int) -> set[int]:
     return set(range(min(sink, num_pages))) | set(range(max(0, num_pages - local), num_pages))
 
