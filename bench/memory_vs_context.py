@@ -11,7 +11,10 @@ first, and at each checkpoint every tiered decode step alternates with a plain s
 reference context (largest one <= the checkpoint), which is then rolled back; the last
 `--rate-window` ingest tokens before a checkpoint alternate chunk by chunk with a plain prefill
 chunk at the reference context (rolled back too). Ingest is reported both cumulative (tokens over
-all ingest seconds so far) and over that window (the rate at this context length).
+all ingest seconds so far) and over that window (the rate at this context length). With
+`--pair-context 8192` a second context of other text is ingested to 8,192 tokens in the same store,
+and in every later window each timed chunk alternates with one of its chunks: ingest at the
+checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`).
 
     python bench/memory_vs_context.py --model tiny-llama --contexts 8192,...,1048576 --json
     python bench/memory_vs_context.py --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
@@ -117,13 +120,38 @@ class PlainRef:
         return time.perf_counter() - t0
 
 
-def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None, ref=None, rate_window=0):
+def mean_retrieved(log) -> float | None:
+    return round(sum(map(len, log)) / len(log), 2) if log else None
+
+
+class PairContext:
+    """A second context in the same store, ingested to `n` tokens of other text (the corpus shifted by one
+    token: other pages), that ingests a chunk after each of the main context's timed chunks: the ingest
+    rate at its length measured in the same time window as the rate at the checkpoint's."""
+
+    def __init__(self, lm, store, cfg, ids, n: int):
+        self.tm, self.ids = TieredModel(lm, store, cfg), ids[1:]
+        self.tm.prefill(self.ids[:n], logits_to_keep=None)
+        self.chunk = self.tm.page_size * cfg.chunk_pages
+
+    def chunk_s(self) -> tuple[float, int]:
+        tm = self.tm
+        k = (tm.num_tokens // self.chunk + 1) * self.chunk - tm.num_tokens
+        t0 = time.perf_counter()
+        tm.prefill(self.ids[tm.num_tokens:tm.num_tokens + k], logits_to_keep=None)
+        sync()
+        return time.perf_counter() - t0, k
+
+
+def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None, ref=None, rate_window=0,
+                pair_context=0):
     # NOTE: the device tier is sized to the largest working set (all layers), so it cannot grow
     # with context, and sink and local pages stay resident while retrieved pages change.
     store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg), device=str(lm.model.device),
                                              host_budget_bytes=host_budget))
     tm = TieredModel(lm, store, cfg)
     chunk = tm.page_size * cfg.chunk_pages
+    pair = PairContext(lm, store, cfg, ids, pair_context) if pair_context else None
     rows, pos, t_ingest = [], 0, 0.0
     for n in contexts:
         if torch.cuda.is_available():
@@ -139,8 +167,11 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
             sync()
             pos += k
         t_ingest += time.perf_counter() - t0
-        win_s, ref_s = 0.0, []
+        win_s, ref_s, pair_s, pair_tokens = 0.0, [], 0.0, 0
+        pairing = pair is not None and n > pair_context
+        pair_start = pair.tm.num_tokens if pairing else None
         reads_before = store.stats()["integrity"]["verified_reads"]
+        tm.cache.retrieval_log.clear()  # what the window's forwards retrieve, per (layer, forward)
         while tm.num_tokens < n:
             k = min(n, (tm.num_tokens // chunk + 1) * chunk) - tm.num_tokens
             t0 = time.perf_counter()
@@ -152,13 +183,19 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
             win_s += dt
             if ref_n is not None:
                 ref_s.append(ref.prefill_chunk_s(ref_n, chunk))
+            if pairing:
+                dt, k = pair.chunk_s()
+                pair_s, pair_tokens = pair_s + dt, pair_tokens + k
         window_reads = store.stats()["integrity"]["verified_reads"] - reads_before
+        window_retrieved = mean_retrieved(tm.cache.retrieval_log)
+        tm.cache.retrieval_log.clear()
 
         def step(_tok, _tm=tm):
             logits = _tm.forward(torch.tensor([[int(_tok) % 200 + 32]], device=_tm.model.device), logits_to_keep=1).logits
             return int(logits[0, -1].argmax())
 
         ms, out, ref_ms = decode_ms(step, decode_tokens, ref.decode_step(ref_n) if ref_n is not None else None)
+        decode_retrieved = mean_retrieved(tm.cache.retrieval_log)
         st = store.stats()
         buffers = sum(layer.buffer.nbytes for layer in tm.cache.layers if layer.buffer is not None)
         window = n - window_start
@@ -175,9 +212,14 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
                "retrieving": tm.cache.retrieving, "load_avg_1": round(os.getloadavg()[0], 2),
                "input_sha256": sha256_ids(ids[:pos]), "output_ids_sha256": sha256_ids(out)}
         row["lmdb_reads"] = st["integrity"]["verified_reads"]  # pages read from LMDB (verified), so far
+        # retrieved far pages per full-attention layer and forward (the union over KV heads); None: no retrieval
+        row["decode_retrieved_pages_mean"] = decode_retrieved
         if window:
             row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s,
-                        "ingest_window_lmdb_reads": window_reads})
+                        "ingest_window_lmdb_reads": window_reads, "ingest_window_retrieved_pages_mean": window_retrieved})
+        if pairing and pair_tokens:
+            row.update({"pair_context_tokens": pair_start, "pair_ingest_window_tokens_per_s": pair_tokens / pair_s,
+                        "ingest_window_vs_pair": (window / win_s) / (pair_tokens / pair_s)})
         if ref_n is not None:
             row.update({"plain_ref_context": ref_n, "plain_ref_decode_ms_per_token": ref_ms,
                         "decode_vs_plain_ref": ms / ref_ms})
@@ -186,6 +228,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         rows.append(row)
         log(row)
     tm.close()
+    if pair is not None:
+        pair.tm.close()
     store.close()
     return rows
 
@@ -248,6 +292,11 @@ def ratio_checks(tiered: list[dict], cfg: TieredConfig) -> dict:
             entry["ratio_window_normalised"] = raw * (at8k["plain_ref_prefill_tokens_per_s"]
                                                       / last["plain_ref_prefill_tokens_per_s"])
         out["ingest_largest_vs_8k"] = entry
+    if last.get("ingest_window_vs_pair"):
+        # the same window: each timed chunk of the largest context alternated with one of a context of
+        # pair_context_tokens (--pair-context), so a busy machine slows both alike
+        out["ingest_largest_vs_pair"] = {"context": last["context_tokens"], "pair_context": last["pair_context_tokens"],
+                                         "ratio": last["ingest_window_vs_pair"], "target_min": 0.85}
     return out
 
 
@@ -292,6 +341,8 @@ def main(argv=None) -> int:
                     help="TieredConfig.position (fixed: the policy beyond the model's window, with its own top-k)")
     ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union",
                     help="TieredConfig.retrieval (per_head: each KV head its own top-k, a working set of fixed size)")
+    ap.add_argument("--union-pages", type=int, default=None,
+                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
     ap.add_argument("--host-budget-gib", type=float,
                     help="host tier budget (default: 25%% of available RAM); pages beyond it are read from LMDB")
     ap.add_argument("--decode-tokens", type=int, default=9)
@@ -306,7 +357,13 @@ def main(argv=None) -> int:
                     help="plain reference contexts (e.g. 4096,8192): decode and ingest ratios measured alongside")
     ap.add_argument("--rate-window", type=int, default=0,
                     help="ingest tokens before each checkpoint timed chunk by chunk (the rate at that context)")
+    ap.add_argument("--pair-context", type=int, default=0,
+                    help="a second context of this many tokens (e.g. 8192) whose chunks alternate with the rate "
+                         "window's at every larger checkpoint: ingest at both lengths in one time window")
     a = ap.parse_args(argv)
+    if a.rate_window < 0 or a.pair_context < 0 or (a.pair_context and not a.rate_window):
+        ap.error("--rate-window and --pair-context must be >= 0, and --pair-context times the chunks of a rate "
+                 "window: give --rate-window too")
     if a.threads:
         torch.set_num_threads(a.threads)
     out = Path(a.out or f"bench/results/memory_vs_context.{a.model}.json")
@@ -314,7 +371,8 @@ def main(argv=None) -> int:
     lm.model.to(a.device)
     contexts = sorted(int(x) for x in a.contexts.split(","))
     ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
-    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position, retrieval=a.retrieval)
+    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position, retrieval=a.retrieval,
+                       union_pages=a.union_pages)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     rows = []
     load_start = os.getloadavg()
@@ -324,7 +382,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="tkv-mem-") as tmp:
         host = int(a.host_budget_gib * 2**30) if a.host_budget_gib else None
         rows += tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log, host, ref=ref,
-                            rate_window=a.rate_window)
+                            rate_window=a.rate_window, pair_context=a.pair_context)
     del ref
     gc.collect()
     if not a.no_plain:
