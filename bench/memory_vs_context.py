@@ -12,8 +12,8 @@ reference context (largest one <= the checkpoint), which is then rolled back; th
 `--rate-window` ingest tokens before a checkpoint alternate chunk by chunk with a plain prefill
 chunk at the reference context (rolled back too). Ingest is reported both cumulative (tokens over
 all ingest seconds so far) and over that window (the rate at this context length). With
-`--pair-context 8192` a second context of other text is ingested to 8,192 tokens in the same store,
-and in every later window each timed chunk alternates with one of its chunks: ingest at the
+`--pair-context 8192` a second context of other text is ingested to 8,192 tokens in a store of its
+own, and in every later window each timed chunk alternates with one of its chunks: ingest at the
 checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`).
 
     python bench/memory_vs_context.py --model tiny-llama --contexts 8192,...,1048576 --json
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -125,12 +126,16 @@ def mean_retrieved(log) -> float | None:
 
 
 class PairContext:
-    """A second context in the same store, ingested to `n` tokens of other text (the corpus shifted by one
-    token: other pages), that ingests a chunk after each of the main context's timed chunks: the ingest
-    rate at its length measured in the same time window as the rate at the checkpoint's."""
+    """A second context in a store of its own (as a user with an 8K context has), ingested to `n` tokens
+    of other text (the corpus shifted by one token), that ingests a chunk after each of the main context's
+    timed chunks: the ingest rate at its length measured in the same time window as the rate at the
+    checkpoint's. NOTE: a store of its own, so that what grows with the main store (its host tier, its
+    LMDB file) slows the main context only, as it would a user's."""
 
-    def __init__(self, lm, store, cfg, ids, n: int):
-        self.tm, self.ids = TieredModel(lm, store, cfg), ids[1:]
+    def __init__(self, lm, store_dir: str, cfg, ids, n: int):
+        self.store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg),
+                                                      device=str(lm.model.device)))
+        self.tm, self.ids = TieredModel(lm, self.store, cfg), ids[1:]
         self.tm.prefill(self.ids[:n], logits_to_keep=None)
         self.chunk = self.tm.page_size * cfg.chunk_pages
 
@@ -151,7 +156,7 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
                                              host_budget_bytes=host_budget))
     tm = TieredModel(lm, store, cfg)
     chunk = tm.page_size * cfg.chunk_pages
-    pair = PairContext(lm, store, cfg, ids, pair_context) if pair_context else None
+    pair = PairContext(lm, f"{store_dir}.pair", cfg, ids, pair_context) if pair_context else None
     rows, pos, t_ingest = [], 0, 0.0
     for n in contexts:
         if torch.cuda.is_available():
@@ -230,6 +235,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
     tm.close()
     if pair is not None:
         pair.tm.close()
+        pair.store.close()
+        shutil.rmtree(f"{store_dir}.pair", ignore_errors=True)
     store.close()
     return rows
 
