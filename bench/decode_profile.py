@@ -30,6 +30,7 @@ from reuse_selection import reused_plan_share  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import load_artifact  # noqa: E402
+from tieredkv.cli.common import positive_int  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import RETRIEVAL_MODES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
@@ -72,11 +73,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse-steps", type=int, default=0,
                     help="TieredConfig.reuse_steps (approximate; 0: search at every step, exact)")
     ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union", help="TieredConfig.retrieval")
-    ap.add_argument("--union-pages", type=int, default=None,
+    ap.add_argument("--union-pages", type=positive_int, default=None,
                     help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.union_pages is not None and a.retrieval != "union":
+        ap.error("--union-pages caps --retrieval union only")
     if a.tokens < 1 or a.steps < 1 or min(a.warm, a.ref_context, a.reuse_steps) < 0:
         ap.error("--tokens and --steps must be >= 1, --warm, --ref-context and --reuse-steps >= 0")
     if a.threads:

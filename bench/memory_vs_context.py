@@ -40,6 +40,7 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.corpus import python_reference  # noqa: E402
+from tieredkv.cli.common import positive_int  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.tiered_config import RETRIEVAL_MODES, TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
@@ -348,7 +349,7 @@ def main(argv=None) -> int:
                     help="TieredConfig.position (fixed: the policy beyond the model's window, with its own top-k)")
     ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union",
                     help="TieredConfig.retrieval (per_head: each KV head its own top-k, a working set of fixed size)")
-    ap.add_argument("--union-pages", type=int, default=None,
+    ap.add_argument("--union-pages", type=positive_int, default=None,
                     help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
     ap.add_argument("--host-budget-gib", type=float,
                     help="host tier budget (default: 25%% of available RAM); pages beyond it are read from LMDB")
@@ -368,6 +369,8 @@ def main(argv=None) -> int:
                     help="a second context of this many tokens (e.g. 8192) whose chunks alternate with the rate "
                          "window's at every larger checkpoint: ingest at both lengths in one time window")
     a = ap.parse_args(argv)
+    if a.union_pages is not None and a.retrieval != "union":
+        ap.error("--union-pages caps --retrieval union only")
     if a.rate_window < 0 or a.pair_context < 0 or (a.pair_context and not a.rate_window):
         ap.error("--rate-window and --pair-context must be >= 0, and --pair-context times the chunks of a rate "
                  "window: give --rate-window too")

@@ -25,6 +25,7 @@ from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
+from tieredkv.cli.common import positive_int  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.placement import ForcedPages  # noqa: E402
 from tieredkv.tiered_config import RETRIEVAL_MODES, SCORE_FRAMES, TieredConfig  # noqa: E402
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--summary", default="minmax")
     ap.add_argument("--retrieval", default="union", choices=RETRIEVAL_MODES,
                     help="TieredConfig.retrieval: the union of the KV heads' top-k, or each head its own")
-    ap.add_argument("--union-pages", type=int, default=None,
+    ap.add_argument("--union-pages", type=positive_int, default=None,
                     help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
@@ -150,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
+    if a.union_pages is not None and a.retrieval != "union":
+        ap.error("--union-pages caps --retrieval union only")
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)

@@ -4,7 +4,7 @@
                              [sum of earlier pages' tokens, + its tokens))
 
     host tier hit  ── payload verified when it was admitted: copied, not hashed again ──┐
-    LMDB           ── zero-copy view (one read transaction) ── SHA-256 while copied ────┼─> out[:, :, :, s:e]
+    LMDB           ── zero-copy view (one read transaction) ── SHA-256, then copied ────┼─> out[:, :, :, s:e]
     neither / bad  ── PageStore.get: remote read-through, quarantine, typed errors ─────┘
 
 Worker threads take whole pages: parse and check the header, hash the page, then copy it into
