@@ -25,10 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import environment, sha256_ids, write_report  # noqa: E402
+from tieredkv.cli.common import positive_int  # noqa: E402
+from tieredkv.tiered_config import RETRIEVAL_MODES  # noqa: E402
 
 __all__ = ["environment", "sha256_ids", "write_report", "sync_device", "timed", "best_of",
            "memcpy_bytes_per_s", "sha256_bytes_per_s", "drop_file_cache", "resident_fraction",
-           "markdown_table", "fmt_bytes"]
+           "markdown_table", "fmt_bytes", "add_retrieval_args", "retrieval_kwargs"]
 
 
 def sync_device() -> None:
@@ -133,3 +135,19 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
             cells.append("-" if v is None else format(v, spec))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def add_retrieval_args(ap) -> None:
+    """`--retrieval` and `--union-pages` (TieredConfig.retrieval and .union_pages); `retrieval_kwargs` reads them."""
+    ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union",
+                    help="TieredConfig.retrieval: the union of the KV heads' top-k, or per_head: each head its own "
+                         "(a working set of fixed size)")
+    ap.add_argument("--union-pages", type=positive_int, default=None,
+                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
+
+
+def retrieval_kwargs(ap, a) -> dict[str, Any]:
+    """TieredConfig's retrieval fields from `add_retrieval_args`' flags; a cap without the union is a usage error."""
+    if a.union_pages is not None and a.retrieval != "union":
+        ap.error("--union-pages caps --retrieval union only")
+    return {"retrieval": a.retrieval, "union_pages": a.union_pages}

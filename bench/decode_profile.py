@@ -25,14 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_vs_context import PlainRef, corpus_ids, decode_ms  # noqa: E402
+from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
 from report import environment, sha256_ids, write_report  # noqa: E402
 from reuse_selection import reused_plan_share  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import load_artifact  # noqa: E402
-from tieredkv.cli.common import positive_int  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import RETRIEVAL_MODES, TieredConfig  # noqa: E402
+from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 # profile group -> (file suffix, function name) pairs whose self time it sums; first match wins
@@ -72,20 +72,17 @@ def main(argv=None) -> int:
                     help="a plain DynamicCache decode step at this context alternates with each timed step (0: none)")
     ap.add_argument("--reuse-steps", type=int, default=0,
                     help="TieredConfig.reuse_steps (approximate; 0: search at every step, exact)")
-    ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union", help="TieredConfig.retrieval")
-    ap.add_argument("--union-pages", type=positive_int, default=None,
-                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
+    add_retrieval_args(ap)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    if a.union_pages is not None and a.retrieval != "union":
-        ap.error("--union-pages caps --retrieval union only")
+    retrieval = retrieval_kwargs(ap, a)
     if a.tokens < 1 or a.steps < 1 or min(a.warm, a.ref_context, a.reuse_steps) < 0:
         ap.error("--tokens and --steps must be >= 1, --warm, --ref-context and --reuse-steps >= 0")
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps, retrieval=a.retrieval, union_pages=a.union_pages)
+    cfg = TieredConfig(position=a.position, reuse_steps=a.reuse_steps, **retrieval)
     ids = corpus_ids(lm, max(a.tokens + 1, a.ref_context + 1))
     started, load_start = time.perf_counter(), os.getloadavg()
     with PageStore(a.store, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg))) as store:

@@ -35,14 +35,14 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
 from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.corpus import python_reference  # noqa: E402
-from tieredkv.cli.common import positive_int  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import RETRIEVAL_MODES, TieredConfig  # noqa: E402
+from tieredkv.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -347,10 +347,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-pages", type=int, default=1, help="TieredConfig.chunk_pages (prefill chunk)")
     ap.add_argument("--position", choices=("own", "fixed"), default="own",
                     help="TieredConfig.position (fixed: the policy beyond the model's window, with its own top-k)")
-    ap.add_argument("--retrieval", choices=RETRIEVAL_MODES, default="union",
-                    help="TieredConfig.retrieval (per_head: each KV head its own top-k, a working set of fixed size)")
-    ap.add_argument("--union-pages", type=positive_int, default=None,
-                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
+    add_retrieval_args(ap)
     ap.add_argument("--host-budget-gib", type=float,
                     help="host tier budget (default: 25%% of available RAM); pages beyond it are read from LMDB")
     ap.add_argument("--decode-tokens", type=int, default=9)
@@ -369,8 +366,7 @@ def main(argv=None) -> int:
                     help="a second context of this many tokens (e.g. 8192) whose chunks alternate with the rate "
                          "window's at every larger checkpoint: ingest at both lengths in one time window")
     a = ap.parse_args(argv)
-    if a.union_pages is not None and a.retrieval != "union":
-        ap.error("--union-pages caps --retrieval union only")
+    retrieval = retrieval_kwargs(ap, a)
     if a.rate_window < 0 or a.pair_context < 0 or (a.pair_context and not a.rate_window):
         ap.error("--rate-window and --pair-context must be >= 0, and --pair-context times the chunks of a rate "
                  "window: give --rate-window too")
@@ -381,8 +377,7 @@ def main(argv=None) -> int:
     lm.model.to(a.device)
     contexts = sorted(int(x) for x in a.contexts.split(","))
     ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
-    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position, retrieval=a.retrieval,
-                       union_pages=a.union_pages)
+    cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position, **retrieval)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     rows = []
     load_start = os.getloadavg()

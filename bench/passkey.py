@@ -20,15 +20,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
 from report import environment, write_report  # noqa: E402
 from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from tieredkv.cli.common import positive_int  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
 from tieredkv.placement import ForcedPages  # noqa: E402
-from tieredkv.tiered_config import RETRIEVAL_MODES, SCORE_FRAMES, TieredConfig  # noqa: E402
+from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
 from tieredkv.qa import qa_config  # noqa: E402
 from tieredkv.tiered_model import TieredModel  # noqa: E402
 
@@ -129,10 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--local-pages", type=int, default=16)
     ap.add_argument("--topk-pages", type=int, help="per KV head (default: TieredConfig's for each policy)")
     ap.add_argument("--summary", default="minmax")
-    ap.add_argument("--retrieval", default="union", choices=RETRIEVAL_MODES,
-                    help="TieredConfig.retrieval: the union of the KV heads' top-k, or each head its own")
-    ap.add_argument("--union-pages", type=positive_int, default=None,
-                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
+    add_retrieval_args(ap)
     ap.add_argument("--out", default="bench/results/passkey.json")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
     ap.add_argument("--plain-max", type=int,
@@ -151,14 +148,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
-    if a.union_pages is not None and a.retrieval != "union":
-        ap.error("--union-pages caps --retrieval union only")
+    retrieval = retrieval_kwargs(ap, a)
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
-                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, retrieval=a.retrieval,
-                  union_pages=a.union_pages)
+                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)
     rows, table = [], []
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:

@@ -61,9 +61,7 @@ class PlacementPolicy:
     def retrieve(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
         """Far pages (not sink, not local) the index scores highest for `query`, union over KV heads
         (at most `config.union_pages` of them, filled by rank: `merge_ranked`), in position order."""
-        rows = self.ranked_per_head(ctx, layer_idx, query)
-        cap = ctx.config.union_pages
-        return sorted({p for row in rows for p in row}) if cap is None else merge_ranked(rows, cap)
+        return merge_ranked(self.ranked_per_head(ctx, layer_idx, query), ctx.config.union_pages)
 
     def retrieve_per_head(self, ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
         """Each KV head's top-k far pages (not sink, not local) for `query`, in position order."""
@@ -93,10 +91,10 @@ class PlacementPolicy:
         if len({sum(ctx.spans[p].end - ctx.spans[p].start for p in row) for row in rows}) > 1:
             # a partial page among them (a context continued after a partial last page): heads would read
             # unequal numbers of keys, which one buffer cannot hold; the union serves this forward
-            found = sorted({p for row in rows for p in row})
+            found = merge_ranked(rows)
             ctx.retrieval_log.append(found)
             return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=found), None
-        ctx.retrieval_log.append(sorted({p for row in rows for p in row}))
+        ctx.retrieval_log.append(merge_ranked(rows))
         return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=()), rows
 
     def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:

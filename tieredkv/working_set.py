@@ -54,10 +54,12 @@ def select_pages(num_pages: int, *, sink: int, local: int, retrieved: Sequence[i
     return sorted(chosen)
 
 
-def merge_ranked(rows: Sequence[Sequence[int]], cap: int) -> list[int]:
+def merge_ranked(rows: Sequence[Sequence[int]], cap: int | None = None) -> list[int]:
     """Up to `cap` unique pages from per-head rankings (`rows[h]`, best first), in position order: every
     row's first page, then every row's second, and so on (a head listed earlier wins a tie for the last
-    places). With `cap` >= the union of the rows, that union."""
+    places). With `cap` None or >= the union of the rows, that union."""
+    if cap is None:
+        return sorted({int(p) for row in rows for p in row})
     chosen: dict[int, None] = {}
     for rank in range(max((len(r) for r in rows), default=0)):
         for row in rows:
