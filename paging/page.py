@@ -229,7 +229,7 @@ class Page(PageHeader):
 
         Returns the header and a zero-copy view of the payload. NOTE: the payload is NOT verified
         yet: check sha256(payload) == header.payload_sha256 before the bytes are used (`from_bytes`
-        does; restore.py hashes while it copies). Any other failure raises CorruptPageError.
+        does; restore.py hashes each page before it copies it). Any other failure raises CorruptPageError.
         """
         try:
             return _parse(memoryview(buf).cast("B"), expected_key)
@@ -296,7 +296,7 @@ def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memory
         raise bad(f"key mismatch: header says {hdr['key']}, contents hash to {key}")
     if expected_key is not None and key != expected_key:
         raise bad(f"stored under {expected_key} but the page is {key}")
-    # the payload's sha256 is checked by the caller (from_bytes, or restore.py while copying)
+    # the payload's sha256 is checked by the caller (from_bytes, or restore.py before copying)
     return PageHeader(key, hdr["parent_key"], hdr["fingerprint"], hdr["start"], tuple(ids), layout,
                       hdr["payload_sha256"]), payload
 

@@ -48,7 +48,7 @@ class RestoreStats:
     """Where the pages of one restore came from."""
 
     host_pages: int = 0  # copied from the host tier, not hashed again
-    verified_pages: int = 0  # read zero-copy from LMDB and SHA-256-verified while copied
+    verified_pages: int = 0  # read zero-copy from LMDB and SHA-256-verified, then copied
     fallback_pages: int = 0  # through PageStore.get (a remote, or a re-read after a failure)
     nbytes: int = 0  # K/V bytes restored
 

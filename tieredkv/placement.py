@@ -88,13 +88,12 @@ class PlacementPolicy:
         rows = self.retrieve_per_head(ctx, layer_idx, query)
         # NOTE: every head ranks the same eligible pages, more than top-k of them while retrieving
         assert len({len(r) for r in rows}) == 1, f"heads retrieved unequal counts {[len(r) for r in rows]}"
+        found = merge_ranked(rows)
+        ctx.retrieval_log.append(found)
         if len({sum(ctx.spans[p].end - ctx.spans[p].start for p in row) for row in rows}) > 1:
             # a partial page among them (a context continued after a partial last page): heads would read
             # unequal numbers of keys, which one buffer cannot hold; the union serves this forward
-            found = merge_ranked(rows)
-            ctx.retrieval_log.append(found)
             return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=found), None
-        ctx.retrieval_log.append(merge_ranked(rows))
         return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=()), rows
 
     def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:

@@ -58,8 +58,7 @@ def merge_ranked(rows: Sequence[Sequence[int]], cap: int | None = None) -> list[
     """Up to `cap` unique pages from per-head rankings (`rows[h]`, best first), in position order: every
     row's first page, then every row's second, and so on (a head listed earlier wins a tie for the last
     places). With `cap` None or >= the union of the rows, that union."""
-    if cap is None:
-        return sorted({int(p) for row in rows for p in row})
+    cap = sum(len(r) for r in rows) if cap is None else cap
     chosen: dict[int, None] = {}
     for rank in range(max((len(r) for r in rows), default=0)):
         for row in rows:

@@ -260,7 +260,7 @@ def load_pages(store: PageStore, art: Artifact) -> list[Page]:
 
 def restore_artifact(store: PageStore, art: Artifact, *, buffer: torch.Tensor | None = None) -> Restored:
     """Every page of `art` restored back to back (`PageStore.restore`: host copies as they are, LMDB
-    pages SHA-256-verified on all cores while copied), with the chain re-checked."""
+    pages SHA-256-verified on all cores, then copied), with the chain re-checked."""
     store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
     restored = store.restore(art.page_keys, buffer=buffer)
     parent, pos = ROOT_KEY, 0
