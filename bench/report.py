@@ -29,7 +29,9 @@ def environment() -> dict[str, Any]:
            "torch": torch.__version__, "transformers": transformers.__version__, "machine": platform.machine(),
            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            # the machine is shared: the load when the report was written says how noisy its times are
-           "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None}
+           "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+           # glibc's memcpy tuning (e.g. its non-temporal threshold) moves copy-bound figures: record it
+           "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}
     return env
 
 
