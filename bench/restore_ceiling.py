@@ -15,6 +15,11 @@
                                  pages (the ceiling's own chunks) vs plain prefill in 512-token
                                  chunks; and the canonical chunks' plain prefill vs 512-token
                                  chunks: what the schedule alone costs
+    ... split                    deposit()'s own forward alone (`deposit_forward`, nothing sealed or
+                                 written) vs plain prefill, and each deposit vs its forward alone:
+                                 what sealing and writing the pages cost; beside them the first
+                                 write of the same bytes into fresh memory and into the page cache
+                                 vs the same writes into memory written before
 
 Every graft's first-token logits are checked SHA-256-equal to a fresh prefill's. Each repeat runs
 every measurement once, in the same order, so a busy neighbour slows ceilings and restores alike.
@@ -41,9 +46,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, sha256_ids, timed, write_report  # noqa: E402
 
-from paging import PageStore, StoreConfig  # noqa: E402
+from paging import PageLayout, PageStore, StoreConfig  # noqa: E402
 from paging.restore import restore_nbytes  # noqa: E402
-from tieredkv.artifacts.artifact import deposit, graft, prefill  # noqa: E402
+from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill  # noqa: E402
+from tieredkv.artifacts.capture import CaptureCache  # noqa: E402
 from tieredkv.corpus import python_reference, text_sha256  # noqa: E402
 from tieredkv.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
 from tieredkv.models import load_model  # noqa: E402
@@ -90,6 +96,33 @@ def sha256_then_copy(src: torch.Tensor, dst: torch.Tensor, layout, page_size: in
 
     pool = ThreadPoolExecutor(max_workers=workers)
     return lambda: list(pool.map(one, range(n // page_size)))
+
+
+def fresh_memory(nbytes: int, tmp: str) -> dict[str, float]:
+    """Seconds to write `nbytes` into fresh memory and again into the same memory; and into a new file
+    (the page cache's first write, in 6 MB pieces as LMDB commits a page) and again over its cached pages.
+    A deposit writes its pages into both kinds of fresh memory: a VM that hands free memory back to its
+    host pays a host fault there on every first write (docs/PERFORMANCE.md, "Deposit")."""
+    out = {}
+    with timed() as t:
+        buf = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    out["first_touch"] = t["s"]
+    with timed() as t:
+        buf.fill_(2)
+    out["touched"] = t["s"]
+    data, piece = memoryview(buf.numpy()), 6 << 20
+    path = os.path.join(tmp, "page-cache-probe")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for name in ("page_cache_new", "page_cache_cached"):
+            with timed() as t:
+                for off in range(0, nbytes, piece):
+                    os.pwrite(fd, data[off:off + piece], off)
+            out[name] = t["s"]
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return out
 
 
 # ----------------------------------------------------------------------------- runs
@@ -143,6 +176,13 @@ def main() -> None:
             prefill(lm, ids, cache, page_size=chunk)
         return t["s"], cache
 
+    def forward_alone(chunk: int) -> float:
+        """deposit()'s own forward (`deposit_forward`) of the same tokens: nothing sealed or written."""
+        cache = CaptureCache(lm.model.config)
+        with timed() as t, torch.inference_mode():
+            deposit_forward(lm, ids, cache, page_size=chunk, on_chunk=lambda _s, _e, _out: cache.take())
+        return t["s"]
+
     print("# warm-up and recompute reference ...", file=sys.stderr)
     with torch.inference_mode():
         prefill(lm, ids[:2 * page_size], DynamicCache(config=lm.model.config), page_size=page_size)
@@ -155,12 +195,16 @@ def main() -> None:
         store_dir = f"{tmp}/store"
         # ------------------------------------------------------------------ deposit vs plain prefill
         wide = 4 * page_size  # pages of 512 tokens: the ceiling's own chunk schedule
-        dep = {"deposit": [], "deposit_wide": [], "prefill_512": [], "prefill_canonical": []}
+        dep = {"deposit": [], "deposit_wide": [], "prefill_512": [], "prefill_canonical": [],
+               "forward_canonical": [], "forward_wide": []}
+        mem = {k: [] for k in ("first_touch", "touched", "page_cache_new", "page_cache_cached")}
         art = None
         for r in range(0 if args.skip_deposit else args.deposit_repeats):
             print(f"# deposit vs prefill, repeat {r + 1}/{args.deposit_repeats} ...", file=sys.stderr)
             dep["prefill_512"].append(plain_prefill(512)[0])
             dep["prefill_canonical"].append(plain_prefill(page_size)[0])
+            dep["forward_canonical"].append(forward_alone(page_size))
+            dep["forward_wide"].append(forward_alone(wide))
             for name, size in (("deposit", page_size), ("deposit_wide", wide)):
                 path = store_dir if (r == 0 and name == "deposit") else f"{tmp}/{name}{r}"
                 with PageStore(path, StoreConfig(host_budget_bytes=16 << 30, lmdb_map_size=4 << 30)) as store:
@@ -173,6 +217,9 @@ def main() -> None:
                     shutil.rmtree(path, ignore_errors=True)
             if r:
                 shutil.rmtree(f"{tmp}/deposit{r}", ignore_errors=True)
+            fresh_kv = restore_nbytes(len(ids), PageLayout.from_dict(art.layout))  # the bytes a deposit writes
+            for k, secs in fresh_memory(fresh_kv, tmp).items():
+                mem[k].append(secs)
         if art is None:
             with PageStore(store_dir, StoreConfig(lmdb_map_size=4 << 30)) as store:
                 art = deposit(lm, ids, store, page_size=page_size)
@@ -191,9 +238,23 @@ def main() -> None:
                             "plain prefill, 512-token chunks", "prefill_512", 0.95))
             rows.append(row(f"plain prefill, {page_size}-token chunks (the schedule's own price)", "prefill_canonical",
                             "plain prefill, 512-token chunks", "prefill_512"))
+            rows.append(row(f"deposit's forward alone, {page_size}-token chunks (nothing sealed or written)",
+                            "forward_canonical", "plain prefill, 512-token chunks", "prefill_512"))
+            rows.append(row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
+                            f"deposit's forward alone, {page_size}-token chunks", "forward_canonical"))
+            rows.append(row(f"deposit, {wide}-token pages (--page-size {wide})", "deposit_wide",
+                            f"deposit's forward alone, {wide}-token chunks", "forward_wide"))
+            gb = {k: fresh_kv / median(v) / 1e9 for k, v in mem.items()}
+            for fig, val, ceil, ceil_val in (
+                    ("first write of fresh memory (the deposit's K/V bytes)", "first_touch",
+                     "the same write into memory written before", "touched"),
+                    ("first write into the page cache (a new file, 6 MB pieces)", "page_cache_new",
+                     "the same write over the file's cached pages", "page_cache_cached")):
+                rows.append({"figure": fig, "value": gb[val], "unit": "GB/s", "ceiling": ceil, "ceiling_value": gb[ceil_val],
+                             "ratio": gb[val] / gb[ceil_val], "target": None, "seconds_all": mem[val],
+                             "ceiling_seconds_all": mem[ceil_val]})
 
         # ------------------------------------------------------------------ restore vs ceilings
-        from paging import PageLayout
         layout = PageLayout.from_dict(art.layout)
         kv_bytes = restore_nbytes(art.num_tokens, layout)
         page_bytes = layout.payload_nbytes(page_size)

@@ -109,6 +109,15 @@ def prefill(lm: LoadedModel, ids: Sequence[int], cache, *, start: int = 0, page_
     return None if out is None or logits_to_keep is None else out.logits
 
 
+def deposit_forward(lm: LoadedModel, ids: Sequence[int], cache: CaptureCache, *, start: int = 0, page_size: int,
+                    on_chunk: Callable[[int, int, Any], None]) -> None:
+    """The forward `deposit` runs: canonical chunks, grouped attention on CPU (`attention.grouped_prefill`),
+    no LM head. `on_chunk` must `cache.take()` each chunk's K/V (deposit seals them into a page).
+    bench/restore_ceiling.py times it alone, nothing sealed or written, to split a deposit's time."""
+    with attention.grouped_prefill(lm.model):
+        prefill(lm, ids, cache, start=start, page_size=page_size, on_chunk=on_chunk, logits_to_keep=None)
+
+
 def artifact_id(chain_fingerprint: str, root: str, domain: dict[str, Any]) -> str:
     """An artifact's id commits to the fingerprint its page keys hash, its domain and its root page."""
     import hashlib
@@ -212,8 +221,8 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     # the forward. Sealing there too slowed the forward by up to 20% (the copy holds the GIL and the
     # hashing takes a core from the forward's threads; docs/PERFORMANCE.md, "Deposit"). Only that thread
     # touches the store until `behind` is drained.
-    with Behind() as behind, attention.grouped_prefill(lm.model):
-        prefill(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal, logits_to_keep=None)
+    with Behind() as behind:
+        deposit_forward(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)
     writer.flush()
     if layout is None:  # everything was reused
         layout = store.get(keys[0]).layout
