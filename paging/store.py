@@ -185,11 +185,12 @@ class PageStore:
         if self._remote is not None:
             self._remote.publish([page])
 
-    def put_many(self, pages: Iterable[Page]) -> None:
-        """Persist `pages` in one LMDB transaction (all or nothing), then cache them."""
+    def put_many(self, pages: Iterable[Page], *, admit: bool = True) -> None:
+        """Persist `pages` in one LMDB transaction (all or nothing), then cache them in the host tier
+        unless `admit` is False (a writer whose pages are read later, if ever, from LMDB)."""
         pages = list(pages)
         self._lmdb.put_many(pages)
-        for page in pages:
+        for page in pages if admit else ():
             self._admit_host(page)
         if self._remote is not None:
             self._remote.publish(pages)

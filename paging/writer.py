@@ -18,13 +18,14 @@ class PageWriter:
     a context that is still being written look them up here (`pending_page`)."""
 
     def __init__(self, store, *, max_pages: int = DEFAULT_MAX_PAGES, max_nbytes: int = DEFAULT_MAX_NBYTES,
-                 persist: bool = True):
+                 persist: bool = True, admit: bool = True):
         if max_pages < 1 or max_nbytes < 1:
             raise ValueError(f"max_pages and max_nbytes must be >= 1, got {max_pages}, {max_nbytes}")
         self.store, self.max_pages, self.max_nbytes = store, max_pages, max_nbytes
         # NOTE: persist=False keeps every page in `pending` and never writes: question-time pages that
         # must not grow the store (the caller bounds how many it seals).
         self.persist = persist
+        self.admit = admit  # False: written pages skip the host tier (PageStore.put_many)
         self.pending: list[Page] = []
         self._nbytes = 0
         self.num_written = 0
@@ -37,7 +38,7 @@ class PageWriter:
 
     def flush(self) -> None:
         if self.persist and self.pending:
-            self.store.put_many(self.pending)
+            self.store.put_many(self.pending, admit=self.admit)
             self.num_written += len(self.pending)
             self.pending, self._nbytes = [], 0
 

@@ -78,10 +78,13 @@ def test_longer_deposit_reuses_the_shorter_ones_pages_and_stays_exact(tiny_model
         assert long.page_keys[3] != short.page_keys[3]  # the tail page differs (more tokens)
         assert sealed == [page * (i + 1) for i in range(3, 20)]
         assert store.lmdb_tier.num_pages == 4 + len(long.page_keys) - 3
+        assert store.host_tier.num_pages == 0  # deposited pages go to LMDB only
 
         fresh = fresh_logits(lm, long_ids, cont, page)
+        before = store.stats()["integrity"]["verified_reads"]
         grafted = grafted_logits(lm, long.artifact_id, store, cont)
         assert sha256_tensor(grafted) == sha256_tensor(fresh)
+        assert store.stats()["integrity"]["verified_reads"] - before == len(long.page_keys)  # from LMDB
         # the shorter one (unaligned: it ends in a partial page) still grafts exactly too
         assert sha256_tensor(grafted_logits(lm, short, store, cont)) == \
             sha256_tensor(fresh_logits(lm, short_ids, cont, page))

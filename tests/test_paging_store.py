@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from paging import (ROOT_KEY, CorruptPageError, Page, PageConflictError, PageLayout,
-                    PageNotFoundError, PageStore, PagingError, StoreConfig)
+                    PageNotFoundError, PageStore, PageWriter, PagingError, StoreConfig)
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)
@@ -62,6 +62,25 @@ def test_write_through_host_lru_and_promotion(tmp_path):
         with pytest.raises(PageNotFoundError) as info:
             store.get("11" * 32)
         assert isinstance(info.value, KeyError) and "recompute" in str(info.value)
+
+
+def test_a_writer_that_does_not_admit_leaves_the_host_tier_alone(tmp_path):
+    p = make_chain(4)
+    with PageStore(tmp_path / "s", cfg(host_pages=4)) as store:
+        store.put(p[0])
+        with PageWriter(store, max_pages=2, admit=False) as w:
+            for page in p[1:]:
+                w.add(page)
+        assert store.lmdb_tier.num_pages == 4
+        assert list(store.host_tier.keys()) == [p[0].key]  # the earlier host copy stays; none added
+        assert store.get(p[3].key) == p[3]  # read from LMDB, verified, then cached as any read
+        assert store.stats()["integrity"]["verified_reads"] == 1
+        assert sorted(store.host_tier.keys()) == sorted([p[0].key, p[3].key])
+    with PageStore(tmp_path / "t", cfg(host_pages=4)) as store:
+        with PageWriter(store) as w:  # the default admits
+            for page in p:
+                w.add(page)
+        assert sorted(store.host_tier.keys()) == sorted(x.key for x in p)
 
 
 def test_put_idempotent_and_conflict(tmp_path):

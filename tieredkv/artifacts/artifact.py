@@ -1,6 +1,6 @@
 """Deposit and graft: knowledge prefilled once, kept as byte-exact pages, grafted at its own positions.
 
-    deposit:  ids ──canonical chunks──> model ──CaptureCache──> Page.seal ──> store (LMDB + host)
+    deposit:  ids ──canonical chunks──> model ──CaptureCache──> Page.seal ──> store (LMDB)
                                                                      └──> manifest (written last)
     graft:    manifest ──> PageStore.restore (SHA-256 verified on all cores, straight into per-layer
               K/V tensors; chain checked) ──> DynamicCache at positions [0, N)
@@ -200,7 +200,10 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
         restored = store.restore(keys[:num_reused])
         layout = restored.headers[0].layout
         install_kv(cache, restored.kv, lm.model.device)
-    writer = PageWriter(store)
+    # NOTE: deposited pages go to LMDB only. Admitting them to the host tier kept every page alive
+    # (and evicted others) and slowed the deposit to 0.85 of its own forward, against 0.95 without
+    # (docs/PERFORMANCE.md, "Where a deposit's time goes"); a graft reads them back from LMDB, verified.
+    writer = PageWriter(store, admit=False)
 
     def seal(s: int, e: int, _out) -> None:
         nonlocal layout
