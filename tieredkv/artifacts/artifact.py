@@ -201,7 +201,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
         layout = restored.headers[0].layout
         install_kv(cache, restored.kv, lm.model.device)
     # NOTE: deposited pages go to LMDB only. Admitting them to the host tier kept every page alive
-    # (and evicted others) and slowed the deposit to 0.85 of its own forward, against 0.95 without
+    # (and evicted others) and slowed the deposit to 0.76 of its own forward, against 0.89 without
     # (docs/PERFORMANCE.md, "Where a deposit's time goes"); a graft reads them back from LMDB, verified.
     writer = PageWriter(store, admit=False)
 
