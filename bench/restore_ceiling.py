@@ -19,7 +19,8 @@
                                  written) vs plain prefill, and each deposit vs its forward alone:
                                  what sealing and writing the pages cost; beside them the first
                                  write of the same bytes into fresh memory and into the page cache
-                                 vs the same writes into memory written before
+                                 vs the same writes into memory written before; and the thread CPU
+                                 time of each deposit's page writes (LMDB) against its wall time
 
 Every graft's first-token logits are checked SHA-256-equal to a fresh prefill's. Each repeat runs
 every measurement once, in the same order, so a busy neighbour slows ceilings and restores alike.
@@ -151,6 +152,20 @@ def timed_graft(lm, art, path: str, *, host: bool, buffer: torch.Tensor | None) 
     return t["s"], cache, {"verified_pages": verified}
 
 
+class WriteTimedStore(PageStore):
+    """A PageStore that adds up the thread CPU time of its batched page writes (`put_many`: the LMDB
+    transaction, its file extension and commit), whichever thread runs them."""
+
+    write_cpu_s = 0.0
+
+    def put_many(self, pages, **kw) -> None:
+        t = time.thread_time()
+        try:
+            super().put_many(pages, **kw)
+        finally:
+            self.write_cpu_s += time.thread_time() - t
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -197,6 +212,7 @@ def main() -> None:
         wide = 4 * page_size  # pages of 512 tokens: the ceiling's own chunk schedule
         dep = {"deposit": [], "deposit_wide": [], "prefill_512": [], "prefill_canonical": [],
                "forward_canonical": [], "forward_wide": []}
+        write_cpu = {"deposit": [], "deposit_wide": []}  # thread CPU seconds of each deposit's page writes
         mem = {k: [] for k in ("first_touch", "touched", "page_cache_new", "page_cache_cached")}
         art = None
         for r in range(0 if args.skip_deposit else args.deposit_repeats):
@@ -207,10 +223,11 @@ def main() -> None:
             dep["forward_wide"].append(forward_alone(wide))
             for name, size in (("deposit", page_size), ("deposit_wide", wide)):
                 path = store_dir if (r == 0 and name == "deposit") else f"{tmp}/{name}{r}"
-                with PageStore(path, StoreConfig(host_budget_bytes=16 << 30, lmdb_map_size=4 << 30)) as store:
+                with WriteTimedStore(path, StoreConfig(host_budget_bytes=16 << 30, lmdb_map_size=4 << 30)) as store:
                     with timed() as t:
                         a = deposit(lm, ids, store, page_size=size)
                 dep[name].append(t["s"])
+                write_cpu[name].append(store.write_cpu_s)
                 if name == "deposit":
                     art = art or a
                 else:
@@ -244,6 +261,11 @@ def main() -> None:
                             f"deposit's forward alone, {page_size}-token chunks", "forward_canonical"))
             rows.append(row(f"deposit, {wide}-token pages (--page-size {wide})", "deposit_wide",
                             f"deposit's forward alone, {wide}-token chunks", "forward_wide"))
+            for name, size in (("deposit", page_size), ("deposit_wide", wide)):
+                rows.append({"figure": f"page writes of a {size}-token-page deposit (thread CPU, LMDB)",
+                             "value": median(write_cpu[name]), "unit": "s", "ceiling": "that deposit's wall time",
+                             "ceiling_value": median(dep[name]), "ratio": median(write_cpu[name]) / median(dep[name]),
+                             "target": None, "seconds_all": write_cpu[name], "ceiling_seconds_all": dep[name]})
             gb = {k: fresh_kv / median(v) / 1e9 for k, v in mem.items()}
             for fig, val, ceil, ceil_val in (
                     ("first write of fresh memory (the deposit's K/V bytes)", "first_touch",
