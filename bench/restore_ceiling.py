@@ -193,7 +193,7 @@ def main() -> None:
 
     def forward_alone(chunk: int) -> float:
         """deposit()'s own forward (`deposit_forward`) of the same tokens: nothing sealed or written."""
-        cache = CaptureCache(lm.model.config)
+        cache = CaptureCache(lm.model.config, capacity=len(ids))  # as deposit() makes it
         with timed() as t, torch.inference_mode():
             deposit_forward(lm, ids, cache, page_size=chunk, on_chunk=lambda _s, _e, _out: cache.take())
         return t["s"]

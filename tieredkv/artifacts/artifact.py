@@ -194,7 +194,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     num_reused = 0
     while num_reused < len(keys) and store.contains(keys[num_reused]):
         num_reused += 1
-    cache = CaptureCache(lm.model.config)
+    cache = CaptureCache(lm.model.config, capacity=len(ids))  # every layer's K/V allocated once
     layout = None
     if num_reused:
         restored = store.restore(keys[:num_reused])

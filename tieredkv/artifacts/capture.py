@@ -18,6 +18,7 @@ class GrowingLayer(DynamicLayer):
     tensors, and the kernels give the same bytes for them (tests/test_kv_buffer.py)."""
 
     _GROW = 2
+    capacity = 0  # tokens the first buffer holds at least (CaptureCache(capacity=)): no regrowth below it
 
     def update(self, key_states, value_states, *args, **kwargs):
         # k, v: [B, H, q, D]
@@ -26,7 +27,7 @@ class GrowingLayer(DynamicLayer):
         n, q = (self.keys.shape[-2] if self.keys.dim() == 4 else 0), key_states.shape[-2]
         buf_k = getattr(self, "_buf_k", None)
         if buf_k is None or n + q > buf_k.shape[-2] or buf_k.data_ptr() != self.keys.data_ptr() or not n:
-            cap = max(n + q, self._GROW * n)
+            cap = max(n + q, self._GROW * n, self.capacity)
             shape = (*key_states.shape[:-2], cap, key_states.shape[-1])
             buf_k = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
             buf_v = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
@@ -43,9 +44,14 @@ class CaptureCache(DynamicCache):
     """`DynamicCache` plus a per-layer record of the K/V written since the last `take()`. Full-attention
     layers grow in place (`GrowingLayer`); sliding-window layers stay as transformers makes them."""
 
-    def __init__(self, config):
+    def __init__(self, config, *, capacity: int = 0):
+        """`capacity`: the tokens the cache will hold, if known (a deposit knows them): each full-attention
+        layer then allocates its buffers once instead of doubling them as it grows."""
         super().__init__(config=config)
         self.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in self.layers]
+        for layer in self.layers:
+            if isinstance(layer, GrowingLayer):
+                layer.capacity = max(0, int(capacity))
         if self.layer_class_to_replicate is DynamicLayer:
             self.layer_class_to_replicate = GrowingLayer
         self._captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -70,7 +70,7 @@ class Recomputer:
         self.chosen = sample_pages(len(art.page_keys), fraction, seed)
         self._todo = set(self.chosen)
         self._last = max(self.chosen)
-        self._cache = CaptureCache(lm.model.config)
+        self._cache = CaptureCache(lm.model.config, capacity=min(art.num_tokens, (self._last + 1) * art.page_size))
         self._next = 0
         self.checked: list[int] = []
         self.mismatches: list[int] = []
