@@ -432,3 +432,67 @@ def test_decode_steps_in_place_copy_less_and_keep_graft_equal_to_fresh(position,
     assert in_place < in_order
     assert torch.equal(fresh.argmax(-1), ordered.argmax(-1))
     assert torch.allclose(fresh, ordered, rtol=0, atol=1e-4)
+
+
+def test_a_forward_that_fails_part_way_keeps_its_error_and_seals_nothing_torn(tiny_model, tmp_path, monkeypatch):
+    """A page that fails verification inside a forward (here layer 0's working set) leaves the layers
+    at different lengths: close() then writes the pages sealed before it and raises nothing over the
+    real error, and the torn context refuses further forwards instead of sealing garbage."""
+    from paging.errors import CorruptPageError
+    from tieredkv.errors import TornContextError
+
+    lm = tiny_model("tiny-llama")
+    with PageStore(tmp_path, StoreConfig()) as store:
+        tm = TieredModel(lm, store, TieredConfig(local_pages=2, topk_pages=2))
+        tm.ingest(_ids(300, 1), name="doc")
+        real = tm.cache.working_set
+
+        def failing(layer_idx, *args, **kwargs):
+            if layer_idx == 0:
+                raise CorruptPageError("p", "flipped by the test")
+            return real(layer_idx, *args, **kwargs)
+
+        monkeypatch.setattr(tm.cache, "working_set", failing)
+        with pytest.raises(CorruptPageError, match="flipped by the test"):
+            tm.generate(_ids(20, 2), max_new_tokens=2)
+        assert tm.cache.torn and tm.cache.layers[0].num_tokens != tm.cache.layers[-1].num_tokens
+        with pytest.raises(TornContextError, match="open the context again"):
+            tm.prefill(_ids(5, 3))
+        sealed = list(tm.cache.page_keys)
+        tm.close()  # no AssertionError from sealing a torn step
+        assert sealed and all(store.get(k) is not None for k in sealed)
+        assert len(tm.cache.page_keys) == len(sealed)  # the failed step sealed no page
+
+
+def test_qa_over_damaged_pages_names_the_damage_and_the_remedy(tmp_path, capsys):
+    """Bits flipped in the stored document's pages: `qa` fails with the page's own error and the way
+    out (check, then --reingest), never an unrelated one; after both steps it answers again."""
+    import json
+
+    from testkit.faults import flip_lmdb_value_bit
+    from tieredkv.cli import main
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
+    store = tmp_path / "s"
+    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store", str(store),
+            "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json", "--quiet"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    with PageStore(store) as s:
+        keys = list(s.lmdb_tier.keys())
+    for key in keys:
+        flip_lmdb_value_bit(store, key, 8 * 100_000)  # a payload byte (the offset wraps within the value)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "StoredContextDamagedError" in err and "corrupt page" in err
+    assert "--reingest" in err and "tieredkv check" in err and "AssertionError" not in err
+    assert main(["check", "--store", str(store)]) == 1
+    capsys.readouterr()
+    assert main(args) == 2  # quarantined now: not found, and the same remedy
+    assert "--reingest" in capsys.readouterr().err
+    assert main([*args, "--reingest"]) == 0
+    assert json.loads(capsys.readouterr().out)["answer"] == first["answer"]
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["context"].startswith("grafted") and again["answer"] == first["answer"]

@@ -50,3 +50,11 @@ __all__ = [
 
 class DiskBudgetError(TieredKVError):
     """A context would not fit the store's disk budget; raised before any work is done."""
+
+
+class TornContextError(TieredKVError):
+    """A forward failed part-way; the context it was extending cannot be used any more."""
+
+
+class StoredContextDamagedError(TieredKVError):
+    """A stored document's pages failed verification or are gone; re-ingest it."""

@@ -203,6 +203,12 @@ class TieredCache(Cache):
         return self.layers[0].num_tokens
 
     @property
+    def torn(self) -> bool:
+        """A forward failed part-way (a page that failed verification, say): the layers hold different
+        numbers of tokens, so that step cannot be sealed. The pages sealed before it are whole."""
+        return len({layer.num_tokens for layer in self.layers}) > 1
+
+    @property
     def sealed_upto(self) -> int:
         return self.spans[-1].end if self.spans else 0
 

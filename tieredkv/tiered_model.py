@@ -23,7 +23,8 @@ from tieredkv import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
 from tieredkv.artifacts.manifest import read_back
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
-from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
+from tieredkv.errors import (DiskBudgetError, EmptyInputError, ModelMismatchError, TornContextError,
+                             UnsupportedModelError)
 from tieredkv.models import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
 from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.schedule import canonical_chunks
@@ -117,6 +118,9 @@ class TieredModel:
             self.cache.note_input_ids(args[0].reshape(-1).tolist())
 
     def _check_positions(self, extra: int) -> None:
+        if self.cache.torn:
+            raise TornContextError("an earlier forward failed part-way, so this context is incomplete; "
+                                   "close this TieredModel and open the context again (ingest or graft)")
         cfg = self.model.config
         if cfg.model_type == "gpt2" and self.num_tokens + extra > cfg.n_positions:
             raise UnsupportedModelError(
@@ -287,8 +291,15 @@ class TieredModel:
         return index
 
     def close(self) -> None:
-        self.cache.flush(partial=False)
-        self.cache.close()
-        self._hook.remove()
-        self.model.set_attn_implementation(self.base_attn)
+        """Write out every complete page and release the model. After a forward that failed part-way
+        only the pages sealed before it are written: its tokens are dropped and its error stands."""
+        try:
+            if self.cache.torn:
+                self.cache.writer.flush()
+            else:
+                self.cache.flush(partial=False)
+        finally:
+            self.cache.close()
+            self._hook.remove()
+            self.model.set_attn_implementation(self.base_attn)
 

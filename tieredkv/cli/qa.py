@@ -88,7 +88,8 @@ def _shown(tm, lm, count: int) -> tuple[str, list[dict]]:
 
 def cmd_qa(a) -> int:
     from tieredkv.corpus import DEFAULT_QUESTION, default_document
-    from tieredkv.errors import EmptyInputError
+    from paging.errors import CorruptPageError, PageNotFoundError
+    from tieredkv.errors import EmptyInputError, StoredContextDamagedError
     from tieredkv.models import cache_dir, load_model
     from tieredkv.qa import document_name, find_artifact, prompt_parts
     from tieredkv.tiered_model import TieredModel, working_set_bytes
@@ -132,6 +133,10 @@ def cmd_qa(a) -> int:
             what, shown = _shown(tm, lm, a.show_pages)
             reencoded = sorted(tm.cache.reencoded)
             stats = store.stats()
+        except (CorruptPageError, PageNotFoundError) as e:
+            raise StoredContextDamagedError(
+                f"{e}. The store's copy of this document is damaged: run `tieredkv check --store {store_dir}` "
+                f"(it quarantines what failed), then ask again with --reingest") from e
         finally:
             tm.close()
     report = {"answer": answer, "question": question, "context": how, "position": config.position,
