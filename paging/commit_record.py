@@ -71,18 +71,19 @@ def record_path(store_dir: str) -> str:
 
 
 def read_record(store_dir: str) -> tuple[CommitRecord | None, str | None]:
-    """(record, note): (None, None) when there is none; (None, why) when it is unreadable."""
+    """(record, note): (None, None) when there is none; (None, why) when it is unreadable (damage: the
+    store cannot be compared with what it committed, and the record is not replaced)."""
     try:
         with open(record_path(store_dir), "rb") as f:
             raw = f.read(64 << 20)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a store path that is a file: LMDB says so)
         return None, None
     except OSError as exc:
         return None, f"the commit record could not be read ({exc})"
     rec = CommitRecord.from_bytes(raw)
-    if rec is None:
-        return None, (f"the commit record {record_path(store_dir)} failed its checksum (a torn or damaged "
-                      f"file); it was not used and is rewritten by the next commit")
+    if rec is None:  # NOTE: not a crash: the record is replaced by a rename, never written in place
+        return None, (f"the commit record {record_path(store_dir)} failed its checksum: it was altered or "
+                      f"damaged, so whether data.mdb rolled back cannot be checked")
     return rec, None
 
 

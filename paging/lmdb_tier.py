@@ -140,13 +140,19 @@ class LMDBTier(Tier):
 
     def _open(self, map_size: int, readahead: bool, allow_damaged: bool) -> None:
         record, self.record_note = read_record(self.path)
+        self.damage = [self.record_note] if self.record_note else []
+        if self.damage and not allow_damaged:
+            raise StoreIntegrityError(f"store {self.path}: {self.damage[0]} — {_RESTORE_HINT}")
         data = os.path.join(self.path, "data.mdb")
-        if record is not None and (not os.path.exists(data) or os.path.getsize(data) < _MIN_DATA_NBYTES):
+        if (record is not None or self.damage) and (not os.path.exists(data)
+                                                    or os.path.getsize(data) < _MIN_DATA_NBYTES):
             size = os.path.getsize(data) if os.path.exists(data) else None
+            what = (f"committed transaction {record.txnid} with {len(record.manifests)} artifacts" if record
+                    else "has a commit record")
             raise StoreIntegrityError(
-                f"store {self.path} committed transaction {record.txnid} with {len(record.manifests)} artifacts, "
-                f"but its data.mdb is {'missing' if size is None else f'{size} bytes'}: it was deleted or "
-                f"truncated — {_RESTORE_HINT}")
+                f"store {self.path} {what}, but its data.mdb is {'missing' if size is None else f'{size} bytes'}: "
+                f"it was deleted or truncated — {_RESTORE_HINT}")
+        existed = os.path.exists(data)
         if not self.readonly:
             os.makedirs(self.path, exist_ok=True)
         self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
@@ -165,9 +171,12 @@ class LMDBTier(Tier):
                                       f"{'; '.join(self.damage)} — {_RESTORE_HINT}")
         if not self.damage:
             self._check_format()
-            if record is None and not self.readonly:
-                with self._writer.hold():  # a store made before commit records: start one now
+            if record is None and existed and not self.readonly:
+                with self._writer.hold():  # a store made before commit records (or its record deleted)
                     write_record(self.path, self._record_now())
+                self.record_note = ("no commit record existed (a store from an older build, or its "
+                                    "tieredkv.commit was deleted), so nothing could be compared; a new one "
+                                    "was started from the store as it is")
 
     def _used_nbytes(self) -> int:
         """Where LMDB's last committed page ends in data.mdb."""
@@ -214,7 +223,10 @@ class LMDBTier(Tier):
 
     def audit(self) -> list[str]:
         """What the store lacks compared with its commit record (see commit_record.py); [] if nothing."""
-        record, self.record_note = read_record(self.path)
+        record, note = read_record(self.path)
+        if note is not None:
+            self.record_note = note
+            return sorted(set(self.damage) | {note})
         if record is None:
             return list(self.damage)
         txnid, entries, manifests = self._read(self._state)

@@ -116,8 +116,35 @@ def test_deleting_the_record_accepts_the_store_as_it_is(tiny_model, tmp_path):
     (store / "data.mdb").write_bytes(older)
     (store / "tieredkv.commit").unlink()
     with PageStore(store, StoreConfig()) as s:
-        assert s.list_manifests() == [a.artifact_id] and check_store(s)["healthy"]
+        report = check_store(s)
+        assert s.list_manifests() == [a.artifact_id] and report["healthy"]
+        assert report["commit_record"].startswith("no commit record existed")  # not "matches the store"
         graft(lm, a.artifact_id, s)
+
+
+def test_a_damaged_record_is_damage_and_is_not_rewritten(tiny_model, tmp_path):
+    """A record that fails its checksum cannot have been torn (it is replaced by a rename): it is
+    reported, and never silently replaced by one that would bless a rolled-back data.mdb."""
+    lm = tiny_model("tiny-llama")
+    store = tmp_path / "s"
+    with PageStore(store, StoreConfig()) as s:
+        deposit(lm, _text(0), s, page_size=PAGE)
+    older = (store / "data.mdb").read_bytes()
+    with PageStore(store, StoreConfig()) as s:
+        deposit(lm, _text(5000), s, page_size=PAGE)
+    (store / "data.mdb").write_bytes(older)  # rolled back, and the record that would tell is damaged
+    record = bytearray((store / "tieredkv.commit").read_bytes())
+    record[len(record) // 2] ^= 0x10
+    (store / "tieredkv.commit").write_bytes(bytes(record))
+    with pytest.raises(Exception, match="failed its checksum") as exc:
+        PageStore(store, StoreConfig())
+    assert type(exc.value).__name__ == "StoreIntegrityError" and "tieredkv.commit" in str(exc.value)
+    with PageStore(store, StoreConfig(allow_damaged=True)) as s:
+        report = check_store(s)
+        with pytest.raises(Exception, match="nothing is written"):
+            s.set_meta("x", "y")
+    assert not report["healthy"] and any("failed its checksum" in d for d in report["store_damage"])
+    assert (store / "tieredkv.commit").read_bytes() == bytes(record)  # still the evidence, not overwritten
 
 
 # -- case 3: lock.mdb deleted while a deposit runs ------------------------------------------------------
@@ -200,10 +227,13 @@ def test_case4_a_truncated_data_mdb_is_a_clear_error_at_open_never_sigbus(two_ar
     store, a, _ = two_artifacts
     size = lmdb_used_nbytes(store)  # the committed pages end here; the file may run on (zeros written ahead)
     commands, stores = [], []
-    for cut in (0, 100, 8192, 12288, size // 2, size - 4096):
+    for cut in (None, 0, 100, 8192, 12288, size // 2, size - 4096):  # None: data.mdb deleted
         copy = tmp_path / f"cut{cut}"
         shutil.copytree(store, copy)
-        os.truncate(copy / "data.mdb", cut)
+        if cut is None:
+            (copy / "data.mdb").unlink()  # was: "a directory without a store", as if none had been there
+        else:
+            os.truncate(copy / "data.mdb", cut)
         stores.append(copy)
         commands += [["stats", "--store", str(copy)], ["check", "--store", str(copy)],
                      ["graft", "--model", "tiny-llama", "--store", str(copy), "--artifact", a.artifact_id,
@@ -215,10 +245,12 @@ def test_case4_a_truncated_data_mdb_is_a_clear_error_at_open_never_sigbus(two_ar
             report = json.loads(result["out"])
             assert result["rc"] == 1 and not report["healthy"] and not report["opened"], result
             assert "truncated" in report["store_damage"][0], result
+            assert ("missing" in report["store_damage"][0]) == (result["argv"][2] == str(stores[0])), result
             continue
         _one_line(result, "StoreIntegrityError")
         assert "truncated" in result["err"], result
-    for copy in stores:  # nothing was written: no deposit went ahead on an empty or short file
+    assert not (stores[0] / "data.mdb").exists()  # no command created an empty store in its place
+    for copy in stores[1:]:  # nothing was written: no deposit went ahead on an empty or short file
         assert (copy / "data.mdb").stat().st_size <= size
 
 

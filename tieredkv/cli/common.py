@@ -36,8 +36,10 @@ def open_store(path: str, *, must_exist: bool = False, **kw):
     creating an empty store at a mistyped path.
     """
     from paging import PageStore, StoreConfig
+    from paging.commit_record import RECORD_NAME
 
-    if must_exist and not (Path(path) / "data.mdb").is_file():
+    # a commit record without data.mdb is a store whose data is gone: PageStore says so (StoreIntegrityError)
+    if must_exist and not (Path(path) / "data.mdb").is_file() and not (Path(path) / RECORD_NAME).is_file():
         what = "is a file, not a store directory" if Path(path).is_file() else (
             "is a directory without a store (no data.mdb)" if Path(path).is_dir() else "does not exist")
         raise InputError(f"--store {path} {what}; give the directory of an existing store (deposit or import "
