@@ -58,6 +58,11 @@ class StoreIntegrityError(PagingError):
     restored from an older copy). Nothing is served from it and nothing is written to it."""
 
 
+class StoreCorruptedError(StoreIntegrityError):
+    """LMDB found its own structures in data.mdb damaged (a B-tree or meta page, a key): LMDB checksums
+    nothing, so it can only say so when it trips over one. Nothing more is read from that spot."""
+
+
 class StoreLockError(PagingError):
     """data.mdb or lock.mdb was deleted or replaced while the store was open: LMDB's own locking
     can no longer keep writers apart, so this process stops using the store."""

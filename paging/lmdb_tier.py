@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 import lmdb
 
 from .errors import (CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
-                     StoreFullError, StoreIntegrityError)
+                     StoreCorruptedError, StoreFullError, StoreIntegrityError)
 from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
 from .framing import body_len, open_value, seal_value
@@ -64,9 +64,22 @@ def _is_utf8(raw: bytes) -> bool:
         return False
 
 
+# LMDB's own word that data.mdb is damaged (it checksums nothing: it says so only when it trips over a bad
+# page). At open, a damaged meta page can also read as a map size this machine cannot map, or a bigger one.
+_DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.BadTxnError,
+            lmdb.VersionMismatchError, lmdb.PanicError)
+_DAMAGED_AT_OPEN = _DAMAGED + (lmdb.MapResizedError, lmdb.MemoryError)
+
+
+def _damaged(path: str, exc: lmdb.Error) -> StoreCorruptedError:
+    return StoreCorruptedError(f"LMDB finds store {path} damaged ({exc}): a B-tree or meta page of data.mdb "
+                               f"was altered — restore the store from a backup, or re-import or re-deposit its "
+                               f"artifacts into a new store")
+
+
 def _key_text(raw: bytes) -> str:
     """A stored key as text; bytes that are not UTF-8 (damaged) are shown as \\xNN escapes."""
-    return raw.decode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace") if raw else "(an empty key)"
 
 
 def _disk_free(path: str) -> int:
@@ -130,6 +143,10 @@ class LMDBTier(Tier):
             if self._env is not None:
                 self._env.close()
             self._unregister()
+            # (a plain lmdb.Error at open: py-lmdb's own check of the file's header, "data format vN")
+            if ((isinstance(exc, _DAMAGED_AT_OPEN) or type(exc) is lmdb.Error)
+                    and os.path.exists(os.path.join(self.path, "data.mdb"))):
+                raise _damaged(self.path, exc) from exc
             if isinstance(exc, lmdb.Error):
                 raise PagingError(f"cannot open LMDB store {self.path}: {exc}") from exc
             if isinstance(exc, OSError) and not isinstance(exc, PagingError):
@@ -222,15 +239,21 @@ class LMDBTier(Tier):
         return CommitRecord(txnid, entries, tuple(manifests))
 
     def audit(self) -> list[str]:
-        """What the store lacks compared with its commit record (see commit_record.py); [] if nothing."""
+        """What the store lacks compared with its commit record (see commit_record.py), and bookkeeping
+        of its own that does not parse; [] if nothing."""
+        found = set(self.damage)
+        try:
+            self.nbytes
+        except StoreCorruptedError as exc:
+            found.add(str(exc))
         record, note = read_record(self.path)
         if note is not None:
             self.record_note = note
-            return sorted(set(self.damage) | {note})
-        if record is None:
-            return list(self.damage)
-        txnid, entries, manifests = self._read(self._state)
-        return sorted(set(self.damage) | set(compare(record, txnid, entries, manifests)))
+            found.add(note)
+        elif record is not None:
+            txnid, entries, manifests = self._read(self._state)
+            found |= set(compare(record, txnid, entries, manifests))
+        return sorted(found)
 
     # -- plumbing ---------------------------------------------------------------------
     def _check_format(self) -> None:
@@ -263,14 +286,17 @@ class LMDBTier(Tier):
         with self._lock:
             self._writer.check_files()
             try:
+                try:
+                    with self._env.begin(buffers=buffers) as txn:
+                        return fn(txn)
+                except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                    self._env.set_mapsize(0)
+                except lmdb.ReadersFullError:  # maybe slots of killed processes
+                    self._env.reader_check()
                 with self._env.begin(buffers=buffers) as txn:
                     return fn(txn)
-            except lmdb.MapResizedError:  # another process grew the map: adopt its size
-                self._env.set_mapsize(0)
-            except lmdb.ReadersFullError:  # maybe slots of killed processes
-                self._env.reader_check()
-            with self._env.begin(buffers=buffers) as txn:
-                return fn(txn)
+            except _DAMAGED as exc:
+                raise _damaged(self.path, exc) from exc
 
     @contextlib.contextmanager
     def views(self, keys: Sequence[str]) -> Iterator[list[memoryview | None]]:
@@ -303,7 +329,13 @@ class LMDBTier(Tier):
                 txn = self._env.begin(buffers=True)
             with txn:
                 db = self._dbs["pages"]
-                yield lambda key: txn.get(key.encode(), db=db)
+
+                def view(key: str) -> memoryview | None:
+                    try:
+                        return txn.get(key.encode(), db=db)
+                    except _DAMAGED as exc:
+                        raise _damaged(self.path, exc) from exc
+                yield view
 
     def note_verified(self, num_pages: int) -> None:
         """Count pages that a reader of `views` verified (stats()["integrity"]["verified_reads"])."""
@@ -347,6 +379,8 @@ class LMDBTier(Tier):
                     self._env.reader_check()
                 except lmdb.MapFullError:
                     self._grow(nbytes_hint)
+                except _DAMAGED as exc:
+                    raise _damaged(self.path, exc) from exc
                 except lmdb.Error as exc:
                     if _is_disk_full(exc, self.path, nbytes_hint):
                         raise StoreFullError(
@@ -414,7 +448,7 @@ class LMDBTier(Tier):
 
     def _add_payload(self, txn: lmdb.Transaction, delta: int) -> None:
         meta = self._dbs["meta"]
-        cur = int(txn.get(_PAYLOAD_NBYTES, b"0", db=meta))
+        cur = self._payload_count(txn.get(_PAYLOAD_NBYTES, b"0", db=meta))
         txn.put(_PAYLOAD_NBYTES, str(max(0, cur + delta)).encode(), db=meta)
 
     def _quarantine_in(self, txn: lmdb.Transaction, key: str, raw: bytes) -> bool:
@@ -559,8 +593,14 @@ class LMDBTier(Tier):
     @property
     def nbytes(self) -> int:
         """Payload bytes of the stored pages (a counter kept in the same transactions)."""
-        return int(self._read(lambda txn: txn.get(_PAYLOAD_NBYTES, b"0",
-                                                  db=self._dbs["meta"])))
+        return self._payload_count(self._read(lambda txn: txn.get(_PAYLOAD_NBYTES, b"0", db=self._dbs["meta"])))
+
+    def _payload_count(self, raw: bytes) -> int:
+        if not (isinstance(raw, bytes) and raw.isdigit() and len(raw) < 20):
+            raise StoreCorruptedError(
+                f"store {self.path}: its payload byte counter ({_PAYLOAD_NBYTES.decode()}) reads {raw[:40]!r}, not a "
+                f"count: the store's bookkeeping was altered — re-import or re-deposit its artifacts into a new store")
+        return int(raw)
 
     @property
     def disk_nbytes(self) -> int:
@@ -610,11 +650,12 @@ class LMDBTier(Tier):
             return
 
         def txn_fn(txn: lmdb.Transaction) -> None:
-            value = txn.get(raw_key, db=self._dbs["pages"])
-            if value is None:
+            cur = txn.cursor(db=self._dbs["pages"])  # NOTE: a cursor: get/delete refuse an empty key
+            if not cur.set_range(raw_key) or cur.key() != raw_key:
                 return
+            value = cur.value()
             txn.put(b"damaged-key:" + raw_key.hex().encode()[:400], value, db=self._dbs["quarantine"])
-            txn.delete(raw_key, db=self._dbs["pages"])
+            cur.delete()
             self._add_payload(txn, -body_len(value))
         self._write(txn_fn)
         self.quarantined += 1
@@ -662,11 +703,11 @@ class LMDBTier(Tier):
 
     def list_manifests(self) -> list[str]:
         """Artifact ids; an id whose bytes are not UTF-8 (damaged on disk) is left to `check`."""
-        return [k.decode("utf-8") for k in self._iter_keys("manifests") if _is_utf8(k)]
+        return [k.decode("utf-8") for k in self._iter_keys("manifests") if k and _is_utf8(k)]
 
     def damaged_manifest_keys(self) -> list[str]:
-        """Manifest keys that are not UTF-8 (shown escaped); `check` reports them."""
-        return [_key_text(k) for k in self._iter_keys("manifests") if not _is_utf8(k)]
+        """Manifest keys that are empty or not UTF-8 (shown escaped); `check` reports them."""
+        return [_key_text(k) for k in self._iter_keys("manifests") if not (k and _is_utf8(k))]
 
     def delete_manifest(self, artifact_id: str) -> bool:
         k = self._id(artifact_id)
@@ -674,7 +715,11 @@ class LMDBTier(Tier):
 
     def get_meta(self, name: str) -> str | None:
         raw = self._read(lambda txn: txn.get(name.encode("utf-8"), db=self._dbs["meta"]))
-        return None if raw is None else raw.decode("utf-8")
+        try:
+            return None if raw is None else raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StoreCorruptedError(f"store {self.path}: its meta value {name!r} is not UTF-8 ({raw[:40]!r}): it "
+                                      f"was altered on disk") from None
 
     def set_meta(self, name: str, value: str) -> None:
         if not isinstance(name, str) or not name or name.startswith("__paging"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -21,7 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
 from paging.restore import Restored
-from paging.errors import CorruptPageError, ManifestNotFoundError
+from paging.errors import CorruptPageError, ManifestNotFoundError, StoreCorruptedError
 from tieredkv import attention
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
@@ -31,6 +32,7 @@ from tieredkv.schedule import canonical_chunks
 
 MANIFEST_FORMAT = 1
 STORE_FINGERPRINT_META = "model_fingerprint"
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,20 @@ class Artifact:
                 "domain_id": domain_id(self.domain)}
 
 
+def store_fingerprint(store) -> str | None:
+    """The model fingerprint a store is bound to (None: not bound yet). A recorded value that is not a
+    SHA-256 hex digest was damaged on disk: StoreCorruptedError, not a blamed model."""
+    recorded = store.get_meta(STORE_FINGERPRINT_META)
+    if recorded is not None and not _SHA256_HEX.fullmatch(recorded):
+        raise StoreCorruptedError(
+            f"store {store.path} records model fingerprint {recorded[:40]!r}, which is not a SHA-256 hex digest: "
+            f"its meta was altered on disk — re-import or re-deposit its artifacts into a new store")
+    return recorded
+
+
 def bind_store(store: PageStore, lm: LoadedModel) -> None:
     """A store holds one model's pages: record the fingerprint on first use, refuse another model after."""
-    recorded = store.get_meta(STORE_FINGERPRINT_META)
+    recorded = store_fingerprint(store)
     if recorded is None:
         store.set_meta(STORE_FINGERPRINT_META, lm.fingerprint)
     elif recorded != lm.fingerprint:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from paging import PageStore
-from paging.errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError
+from paging.errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, StoreCorruptedError
+from tieredkv.artifacts.artifact import store_fingerprint
 from tieredkv.artifacts.manifest import ManifestIntegrityError, parse_manifest, verify_artifact
 
 
@@ -25,6 +26,12 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
     (another model or domain, a TieredModel context) are listed with the reason.
     """
     damage = store.lmdb_tier.audit()
+    try:
+        bound = store_fingerprint(store)
+    except StoreCorruptedError as exc:
+        bound = None
+        damage.append(str(exc))
+    other_model: list[str] = []
     report = store.check(sample=sample, seed=seed)
     corrupt_manifests = list(store.lmdb_tier.damaged_manifest_keys())
     incomplete: dict[str, dict[str, Any]] = {}
@@ -38,6 +45,8 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
         except (CorruptPageError, ManifestNotFoundError, ManifestIntegrityError):
             corrupt_manifests.append(artifact_id)
             continue
+        if bound is not None and art.fingerprint != bound:
+            other_model.append(artifact_id)
         missing = [k for k in art.page_keys if not store.contains(k)]
         if missing:
             incomplete[artifact_id] = {"missing_pages": len(missing), "first_missing": missing[0]}
@@ -47,6 +56,9 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
             broken_chains[artifact_id] = why
         elif recompute is not None:
             recomputed.append(_recompute(store, art, *recompute, seed=f"{seed}:{artifact_id}"))
+    if other_model:
+        damage.append(f"store {store.path} is bound to model {bound[:16]}…, but {len(other_model)} of its artifacts "
+                      f"({', '.join(other_model[:3])}) were made by another: its model_fingerprint meta was altered")
     forged = [r["artifact"] for r in recomputed if r.get("mismatches")]
     healthy = not (report["corrupt"] or corrupt_manifests or incomplete or broken_chains or damage or forged)
     return {

@@ -28,7 +28,7 @@ from index.atomic_file import check_target as _check_target
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from paging.page import is_valid_page
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
-from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, load_artifact
+from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, load_artifact, store_fingerprint
 from tieredkv.artifacts.manifest import verify_artifact
 from tieredkv.artifacts.file_format import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
                                     ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
@@ -164,7 +164,7 @@ def import_artifact(path: str | os.PathLike, store: PageStore, *, expected_finge
     _check_source(Path(path))
     header = read_header(path)
     art = header.artifact
-    bound = store.get_meta(STORE_FINGERPRINT_META)
+    bound = store_fingerprint(store)
     for what, fp in ((f"store {store.path}", bound), ("the expected model", expected_fingerprint)):
         if fp is not None and fp != art.fingerprint:
             raise ModelMismatchError(f"artifact {art.artifact_id} in {path} (checked against {what})",

@@ -12,6 +12,10 @@ re-imported or re-deposited.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 from tieredkv.cli.common import InputError, fraction, model_arg, nonneg_int, open_store, print_json, regular_file, store_args
 
@@ -73,7 +77,33 @@ def cmd_import(a) -> int:
     return 0
 
 
+CHECK_CHILD_ENV = "TIEREDKV_CHECK_CHILD"  # set in the child process that walks the store
+
+
 def cmd_check(a) -> int:
+    """Walk the store in a child process: LMDB checksums nothing, and a damaged page pointer can crash it
+    inside the C library (SIGBUS, or an assertion that aborts); the parent turns that into a report."""
+    if os.environ.get(CHECK_CHILD_ENV):
+        return _check_here(a)
+    argv = ["check", "--store", a.store, "--sample", repr(a.sample), "--seed", str(a.seed), "--model", a.model]
+    argv += [] if a.recompute is None else ["--recompute", repr(a.recompute)]
+    child = subprocess.run([sys.executable, "-m", "tieredkv.cli", *argv], capture_output=True, text=True,
+                           env={**os.environ, CHECK_CHILD_ENV: "1"})
+    sys.stdout.write(child.stdout)
+    if child.returncode >= 0:
+        sys.stderr.write(child.stderr)
+        return child.returncode
+    name = signal.Signals(-child.returncode).name
+    said = " ".join((child.stderr.strip().splitlines() or [""])[-1].split())[:200]
+    print_json({"store": a.store, "healthy": False, "opened": True, "store_damage": [
+        f"LMDB crashed ({name}{': ' + said if said else ''}) while reading {a.store}/data.mdb: a page pointer or "
+        f"page of the file was altered, so the library read where no page is (LMDB checksums nothing)"],
+        "hint": "the store cannot be read to the end; restore it from a backup, or re-import or re-deposit its "
+                "artifacts into a new store"})
+    return 1
+
+
+def _check_here(a) -> int:
     from tieredkv.artifacts.check import check_store
 
     lm = None
@@ -83,15 +113,17 @@ def cmd_check(a) -> int:
         lm = load_model(a.model)
     from paging.errors import StoreIntegrityError
 
+    opened = False
     try:
-        store = open_store(a.store, must_exist=True, allow_damaged=True)
-    except StoreIntegrityError as exc:  # too damaged to open (truncated, no tree): still a report, not a crash
-        print_json({"store": a.store, "healthy": False, "opened": False, "store_damage": [" ".join(str(exc).split())],
-                    "hint": "the store cannot be read; restore it from a backup, or re-import or re-deposit its "
-                            "artifacts into a new store"})
+        with open_store(a.store, must_exist=True, allow_damaged=True) as store:
+            opened = True
+            report = check_store(store, sample=a.sample, seed=a.seed,
+                                 recompute=None if lm is None else (lm, a.recompute))
+    except StoreIntegrityError as exc:  # too damaged to open or to walk (truncated, a broken tree): a report
+        print_json({"store": a.store, "healthy": False, "opened": opened, "store_damage": [" ".join(str(exc).split())],
+                    "hint": "the store cannot be read" + (" to the end" if opened else "") + "; restore it from a "
+                            "backup, or re-import or re-deposit its artifacts into a new store"})
         return 1
-    with store:
-        report = check_store(store, sample=a.sample, seed=a.seed, recompute=None if lm is None else (lm, a.recompute))
     print_json(report)
     return 0 if report["healthy"] else 1
 

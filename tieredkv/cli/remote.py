@@ -89,7 +89,7 @@ def cmd_push(a) -> int:
 
 
 def cmd_pull(a) -> int:
-    from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META
+    from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, store_fingerprint
     from tieredkv.artifacts.manifest import ChainWalker, check_root, iter_pages, parse_manifest, read_back
     from tieredkv.cli.common import open_store
     from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError
@@ -107,7 +107,7 @@ def cmd_pull(a) -> int:
         data = tier.get_manifest(matches[0])
         art = parse_manifest(data, stored_as=matches[0], where=tier.config.safe_url)  # before anything is written
         with open_store(a.store, remote_from_env=False) as store:
-            bound = store.get_meta(STORE_FINGERPRINT_META)
+            bound = store_fingerprint(store)
             if bound is not None and bound != art.fingerprint:
                 raise ModelMismatchError(f"store {a.store}", bound, art.fingerprint)
             # NOTE: the page that ends the artifact first (the manifest's token count against it), then every
