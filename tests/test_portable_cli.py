@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,9 +67,17 @@ def test_errors_are_one_line_with_exit_2(capsys, source, tmp_path):
     run(capsys, "export", "--store", source["store"], "--artifact", source["art"].artifact_id, "-o", f, "--quiet")
     code, _, err = run(capsys, "import", f, "--store", str(tmp_path / "d1"), "--model", "tiny-qwen2", "--quiet")
     assert code == 2 and err.startswith("tieredkv: error: ModelMismatchError: ") and err.count("\n") == 1
+    late = str(tmp_path / "late.tkva")  # a payload bit near the end: refused after earlier pages were written
+    with open(f, "rb") as src, open(late, "wb") as dst:
+        dst.write(src.read())
+    flip_file_bit(late, 8 * (Path(late).stat().st_size - 9))
+    code, _, err = run(capsys, "import", late, "--store", str(tmp_path / "d3"), "--quiet")
+    assert code == 2 and "ArtifactIntegrityError" in err
     flip_file_bit(f, 8 * (read_header(f).data_offset - 4))  # a hex digit of the header
     code, _, err = run(capsys, "import", f, "--store", str(tmp_path / "d2"), "--quiet")
     assert code == 2 and "ArtifactIntegrityError: bad artifact header: header_sha256 mismatch" in err
+    # a refused import into a new store leaves nothing behind (was: data.mdb, lock.mdb, tieredkv.commit)
+    assert not any((tmp_path / d).exists() for d in ("d1", "d2", "d3"))
     code, _, err = run(capsys, "export", "--store", source["store"], "--artifact", "zzz", "-o", f, "--quiet")
     assert code == 2 and "ArtifactNotFoundError" in err
     assert main(["check", "--store", source["store"], "--sample", "1.5"]) == 2  # a usage error: one line too

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,9 +68,15 @@ def cmd_import(a) -> int:
             from tieredkv.artifacts.recompute import Recomputer
 
             recomputer = Recomputer(lm, art, a.verify_recompute, seed=a.seed)
-    with open_store(a.store) as store, count_bar("import", None, unit="page", quiet=a.quiet) as bar:
-        art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
-                              allow_domain_mismatch=a.allow_domain_mismatch, progress=bar, recompute=recomputer)
+    created = not os.path.lexists(a.store)
+    try:
+        with open_store(a.store) as store, count_bar("import", None, unit="page", quiet=a.quiet) as bar:
+            art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
+                                  allow_domain_mismatch=a.allow_domain_mismatch, progress=bar, recompute=recomputer)
+    except BaseException:
+        if created:  # a refused import into a new store leaves no store behind (it held no artifact)
+            shutil.rmtree(a.store, ignore_errors=True)
+        raise
     out = {**art.summary(), "store": str(a.store), "file": str(a.file), "exactness": promise}
     if recomputer is not None:
         out["recompute"] = recomputer.report()
