@@ -42,11 +42,11 @@ TYPED = {"ArtifactFormatError", "ArtifactTruncatedError", "ArtifactVersionError"
 FULL = dict(deposit_kills=120, export_kills=60, payload_flips=2000, lmdb_flips=300, data_truncations=500,
             fsize_limits=4, concurrency_rounds=3, stale_readers=5, index_rounds=2, mutation_seconds=60,
             random_files=3000, store_truncations=30, lock_rounds=3, key_damages=30, forgery_seeds=5,
-            meta_flip_step=1)
+            meta_flip_step=1, tree_flips=400)
 QUICK = dict(deposit_kills=6, export_kills=4, payload_flips=50, lmdb_flips=10, data_truncations=20,
              fsize_limits=1, concurrency_rounds=1, stale_readers=1, index_rounds=1, mutation_seconds=3,
              random_files=100, store_truncations=3, lock_rounds=1, key_damages=3, forgery_seeds=1,
-             meta_flip_step=8)
+             meta_flip_step=8, tree_flips=10)
 
 
 def parse_args() -> argparse.Namespace:
@@ -492,6 +492,32 @@ def meta_flips(world: World, step: int) -> dict[str, Any]:
                         "in a child: refused, reported, or unchanged; never another snapshot called healthy")
 
 
+def tree_flips(world: World, n: int, rng: random.Random) -> dict[str, Any]:
+    """One bit of LMDB's tree pages (every page after the two meta pages: branch, leaf, overflow, free):
+    half in a page's header and first nodes, half anywhere in it. LMDB checksums none of it."""
+    template = world.root / "tree-template"
+    shutil.copytree(world.template, template)
+    fc.make_store(template, [fc.corpus_text(9 * fc.PAGE_SIZE, seed=104)], world.lm)  # a second artifact
+    expected = tf.artifact_roots(template)
+    last = fc.lmdb_used_nbytes(template) // tf.PAGE
+    work = world.root / "tree-work"
+    results = []
+    for i in range(n):
+        page = rng.randrange(2, last)
+        offset = page * tf.PAGE + (rng.randrange(64) if i % 2 else rng.randrange(tf.PAGE))
+        results.append(tf.damaged_store_run(
+            world.runner, template, work, lambda w, o=offset, b=rng.randrange(8): tf.flip_byte_bit(w / "data.mdb", o, b),
+            expected, target=tf.tree_flip_target))
+    loads: dict[str, int] = {}
+    for r in results:
+        loads[r.get("loads", "?")] = loads.get(r.get("loads", "?"), 0) + 1
+    text = ", ".join(f"{k} {v}" for k, v in sorted(loads.items()))
+    return _outcome_row("bit flip, LMDB tree pages", results,
+                        f"{n} random bits of pages 2..{last - 1} of data.mdb (half in a page's first 64 bytes), then "
+                        f"`check` as the CLI runs it (a crash inside liblmdb is reported, exit 1) and every artifact "
+                        f"loaded in another child; the loads: {text}", loads=loads)
+
+
 def store_truncations(world: World, n_random: int, rng: random.Random) -> dict[str, Any]:
     expected = tf.artifact_roots(world.template)
     size = (world.template / "data.mdb").stat().st_size
@@ -731,7 +757,10 @@ allocated (peak Python memory of the refusal, measured with tracemalloc):
   each copy is then opened, every artifact loaded and `check`ed in a forked child, so a SIGBUS or a
   crash is counted, not fatal. The commit record (`tieredkv.commit`, see docs/TRUST.md) is what
   tells an older snapshot from the committed one. **lock.mdb** is deleted while a deposit is paused
-  half-way and a second deposit runs; the first must stop with StoreLockError.
+  half-way and a second deposit runs; the first must stop with StoreLockError. **Tree pages**
+  (every page after the two meta pages) get one random bit flipped; `check` walks the copy in one
+  grandchild, as the CLI does (a crash inside liblmdb is reported, exit 1), and every artifact is
+  loaded in another, whose crashes are counted in the row's notes.
 - **Manifests** are tampered with in LMDB (graft, export, check) and on a real redis-server (`remote
   pull`); **forged artifacts** have one number of one page changed, every later page recomputed on
   top of it and every hash recomputed, then go through `import --verify-recompute`.
@@ -771,6 +800,7 @@ def main() -> int:
             ("faiss index", lambda: faiss_index(world, counts["index_rounds"])),
             ("fuzz", lambda: fuzz(world, counts["mutation_seconds"], counts["random_files"], rng)),
             ("meta flips", lambda: meta_flips(world, counts["meta_flip_step"])),
+            ("tree flips", lambda: tree_flips(world, counts["tree_flips"], rng)),
             ("store truncations", lambda: store_truncations(world, counts["store_truncations"], rng)),
             ("rollbacks", lambda: rollbacks(world)),
             ("lock deleted", lambda: lock_deleted(world, counts["lock_rounds"])),

@@ -123,6 +123,89 @@ def open_and_audit_target(store_path: str, expected: dict[str, str], out) -> Non
         out.put({"outcome": "lost", "served": served})
 
 
+def _in_grandchild(fn) -> tuple[Any, str | None]:
+    """`fn()` in a forked process: (its picklable result, None), or (None, signal name) if it died."""
+    import pickle
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the grandchild
+        os.close(r)
+        try:
+            data = pickle.dumps(fn())
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            data = pickle.dumps({"untyped": f"{type(exc).__name__}: {exc}"[:300]})
+        os.write(w, data)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return None, signal.Signals(os.WTERMSIG(status)).name
+    return pickle.loads(data), None
+
+
+def _check_walk(store_path: str) -> dict[str, Any]:
+    """What `tieredkv check` reports (its walk, as cmd_check's child runs it)."""
+    from paging.errors import PagingError, StoreIntegrityError
+    from tieredkv.artifacts.check import check_store
+    from tieredkv.errors import TieredKVError
+
+    from paging import PageStore
+
+    try:
+        with PageStore(store_path, store_config(allow_damaged=True)) as s:
+            return {"healthy": check_store(s)["healthy"]}
+    except StoreIntegrityError as exc:
+        return {"healthy": False, "error": type(exc).__name__}
+    except (PagingError, TieredKVError) as exc:  # a typed error that cmd_check does not turn into a report
+        return {"typed": type(exc).__name__}
+
+
+def _load_all(store_path: str) -> dict[str, Any]:
+    """Every artifact's root as a user's graft would read it (pages verified), or the typed error."""
+    from paging import PageStore
+    from paging.errors import PagingError
+    from tieredkv.artifacts.artifact import load_artifact, load_pages
+    from tieredkv.errors import TieredKVError
+
+    try:
+        with PageStore(store_path, store_config()) as store:
+            served = {}
+            for artifact_id in store.list_manifests():
+                try:
+                    art = load_artifact(store, artifact_id)
+                    load_pages(store, art)
+                    served[artifact_id] = art.root_sha256
+                except (PagingError, TieredKVError):
+                    pass
+            return {"served": served}
+    except (PagingError, TieredKVError) as exc:
+        return {"refused": type(exc).__name__}
+
+
+def tree_flip_target(store_path: str, expected: dict[str, str], out) -> None:
+    """`check` as the CLI runs it (its walk in a child: a crash inside liblmdb is a report, exit 1), then
+    every artifact loaded as a user would (in another child: a crash there is counted, not hidden)."""
+    walk, died = _in_grandchild(lambda: _check_walk(store_path))
+    load, load_died = _in_grandchild(lambda: _load_all(store_path))
+    loads = f"crashed ({load_died})" if load_died else (
+        "refused" if "refused" in load else "served" if load["served"] == expected else "partly refused")
+    if died:
+        result = {"outcome": "detected", "error": f"check: LMDB crashed ({died}), reported"}
+    elif "untyped" in walk or "typed" in walk:
+        result = {"outcome": "error", "error": walk.get("untyped") or walk["typed"]}
+    elif not walk["healthy"]:
+        result = {"outcome": "detected", "error": "check: not healthy"}
+    elif loads == "served":
+        result = {"outcome": "survived"}
+    else:
+        result = {"outcome": "lost", "error": f"check healthy, but the artifacts were {loads}"}
+    out.put({**result, "loads": loads})
+
+
 def artifact_roots(store_path: Path) -> dict[str, str]:
     from paging import PageStore
     from tieredkv.artifacts.artifact import load_artifact
@@ -149,12 +232,14 @@ def flip_byte_bit(path: Path, offset: int, bit: int) -> None:
         f.write(bytes([b ^ (1 << bit)]))
 
 
-def damaged_store_run(runner, template: Path, work: Path, damage, expected: dict[str, str]) -> dict[str, Any]:
-    """Copy `template` to `work`, apply `damage(work)`, open and audit it in a child."""
+def damaged_store_run(runner, template: Path, work: Path, damage, expected: dict[str, str],
+                      target=None) -> dict[str, Any]:
+    """Copy `template` to `work`, apply `damage(work)`, open and audit it in a child (`target`, default
+    open_and_audit_target)."""
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(template, work)
     damage(work)
-    result = call(runner, open_and_audit_target, (str(work), expected))
+    result = call(runner, target or open_and_audit_target, (str(work), expected))
     shutil.rmtree(work, ignore_errors=True)
     return result
 

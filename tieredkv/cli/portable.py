@@ -102,7 +102,7 @@ def cmd_check(a) -> int:
         return child.returncode
     name = signal.Signals(-child.returncode).name
     said = " ".join((child.stderr.strip().splitlines() or [""])[-1].split())[:200]
-    print_json({"store": a.store, "healthy": False, "opened": True, "store_damage": [
+    print_json({"store": a.store, "healthy": False, "opened": None, "store_damage": [  # (open may have crashed)
         f"LMDB crashed ({name}{': ' + said if said else ''}) while reading {a.store}/data.mdb: a page pointer or "
         f"page of the file was altered, so the library read where no page is (LMDB checksums nothing)"],
         "hint": "the store cannot be read to the end; restore it from a backup, or re-import or re-deposit its "
