@@ -26,6 +26,7 @@ is skipped for `down_s` seconds with one warning; the local tiers keep working).
 from __future__ import annotations
 
 import itertools
+import math
 import logging
 import time
 import warnings
@@ -73,9 +74,12 @@ class RemoteTierWarning(UserWarning):
 
 def _float(name: str, value: str) -> float:
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise PagingError(f"remote URL parameter {name}={value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise PagingError(f"remote URL parameter {name}={value!r} must be a finite number of seconds")
+    return number
 
 
 def _int(name: str, value: str) -> int:
@@ -109,15 +113,16 @@ class RemoteConfig:
     down_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "connect_timeout_s", "backoff_s", "down_s"):
-            if not getattr(self, name) > 0 and not (name in ("backoff_s", "down_s")
-                                                    and getattr(self, name) == 0):
-                raise PagingError(f"remote {name} must be > 0, got {getattr(self, name)!r}")
-        if self.retries < 0 or self.batch_pages < 1:
-            raise PagingError(f"remote retries must be >= 0 and batch >= 1, got "
+        for name, lo, hi in (("timeout_s", 1e-3, 3600), ("connect_timeout_s", 1e-3, 3600), ("backoff_s", 0, 60),
+                             ("down_s", 0, 86400)):
+            if not lo <= getattr(self, name) <= hi or (lo == 0 and 0 < getattr(self, name) < 1e-3):
+                raise PagingError(f"remote {name} must be {'0 or ' if lo == 0 else ''}between {max(lo, 1e-3)} "
+                                  f"and {hi} seconds, got {getattr(self, name)!r}")
+        if not (0 <= self.retries <= 100 and 1 <= self.batch_pages <= 100_000):
+            raise PagingError(f"remote retries must be 0..100 and batch 1..100000, got "
                               f"{self.retries}, {self.batch_pages}")
-        if self.page_ttl_s is not None and self.page_ttl_s < 1:
-            raise PagingError(f"remote ttl must be >= 1 second, got {self.page_ttl_s}")
+        if self.page_ttl_s is not None and not 1 <= self.page_ttl_s <= 10 * 365 * 86400:
+            raise PagingError(f"remote ttl must be 1 second to 10 years, got {self.page_ttl_s}")
         if not self.prefix or any(c in self.prefix for c in "{}: \t\n*?[]"):
             raise PagingError(f"remote prefix {self.prefix!r} must be non-empty without "
                               f"braces, colons, spaces or glob characters")
@@ -165,12 +170,16 @@ class RemoteConfig:
 
     @staticmethod
     def _redact(url: str) -> str:
+        """`url` with the password of its user part and of a ?password= parameter replaced by ***."""
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.netloc.rsplit("@", 1)[1]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        if parts.password is not None:
+            user = parts.username or ""
+            parts = parts._replace(netloc=f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if any(name == "password" for name, _ in query):
+            parts = parts._replace(query="&".join(f"{n}=***" if n == "password" else urlencode([(n, v)])
+                                                  for n, v in query))
+        return urlunsplit(parts)
 
     @property
     def safe_url(self) -> str:
@@ -190,11 +199,14 @@ def _connect(config: RemoteConfig):
     kw = dict(socket_timeout=config.timeout_s, socket_connect_timeout=config.connect_timeout_s,
               retry=Retry(ExponentialBackoff(cap=2.0, base=config.backoff_s), config.retries),
               retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
-    if config.is_cluster:
-        from redis.cluster import RedisCluster
+    try:
+        if config.is_cluster:
+            from redis.cluster import RedisCluster
 
-        return RedisCluster.from_url(config.url, **kw)
-    return redis.Redis.from_url(config.url, **kw)
+            return RedisCluster.from_url(config.url, **kw)
+        return redis.Redis.from_url(config.url, **kw)
+    except (ValueError, TypeError) as exc:  # a client parameter of the URL that redis-py refuses
+        raise PagingError(f"remote URL {config.safe_url}: {exc}; fix that URL parameter") from None
 
 
 def _chunks(pages: Sequence[Page], max_pages: int) -> Iterator[list[Page]]:

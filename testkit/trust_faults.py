@@ -533,8 +533,57 @@ def bad_cli_inputs(tmp_path: Path, store: Path, artifact_id: str) -> dict[str, t
         "graft past the window": (["graft", "--model", "tiny-llama", "--store", str(store), "--artifact",
                                    art_id, "--prompt", "x", "--max-new-tokens", "100000"], "InputError",
                                   "run past the model's window"),
+        **_more_bad_cli_inputs(tmp_path, store),
     }
     return cases
+
+
+def _more_bad_cli_inputs(tmp_path: Path, store: Path) -> dict[str, tuple[list[str], str, str]]:
+    """A later attack on every flag (values too large, blank, or files that are not what they name);
+    the library and deposit ones point their stores at tmp_path / "left-*", which must not exist after."""
+    huge = str(10 ** 30)
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    fifo = tmp_path / "key-fifo"
+    os.mkfifo(fifo)
+    blank_key = tmp_path / "blank-answer.json"
+    blank_key.write_text(json.dumps({"What is 2+2?": ""}))
+    verify = ["verify", "--model", "tiny-llama", "--samples", "1", "--tokens", "8", "--continuation", "2", "--quiet"]
+    dep = ["deposit", "--model", "tiny-llama", "--store", str(tmp_path / "left-deposit"), "--quiet"]
+
+    def lib(verifier: str, solution: str = "4", library: str = "default") -> list[str]:
+        return ["library", "add", "--model", "tiny-llama", "--store", str(tmp_path / "left-library"), "--library",
+                library, "--problem", "What is 2+2?", "--solution", solution, "--verifier", verifier]
+    ping = ["remote", "ping", "--remote"]
+    return {
+        "--store ''": (["deposit", "--model", "tiny-llama", "--store", "", "--text", "hi"], "tieredkv deposit",
+                       "must name a directory"),
+        "blank --text": (dep + ["--text", "   "], "EmptyInputError", "empty or blank"),
+        "--page-size 10**30": (dep + ["--text", "hi", "--page-size", huge], "tieredkv deposit", "<= 65,536"),
+        "verify --seed 10**30": (verify + ["--seed", huge], "tieredkv verify", "<= 9,223,372,036,854,775,807"),
+        "verify --shift 10**30": (verify + ["--shift", huge], "tieredkv verify", "<= 16,777,216"),
+        "library ''": (lib("arithmetic", library=""), "LibraryNameError", "non-empty"),
+        "answer key, an empty file": (lib(f"answer-key:{empty}"), "TieredKVError", "not a JSON text file"),
+        "answer key, a FIFO": (lib(f"answer-key:{fifo}"), "TieredKVError", "give a regular JSON file"),
+        "answer key, a blank answer": (lib(f"answer-key:{blank_key}", "banana"), "TieredKVError", "empty answer"),
+        "verifier os:sep": (lib("os:sep"), "VerifierSpecError", "a verifier needs"),
+        "verifier class with arguments": (lib("tieredkv.library.verifiers:AnswerKeyVerifier"), "TieredKVError",
+                                          "cannot be made without arguments"),
+        "rejected solution": (lib("arithmetic", "5"), "SolutionRejectedError", "nothing was deposited"),
+        "remote timeout=inf": (ping + ["redis://127.0.0.1:1/0?timeout=inf"], "PagingError", "finite"),
+        "remote retries=10**30": (ping + [f"redis://127.0.0.1:1/0?retries={huge}"], "PagingError", "0..100"),
+        "remote max_connections=-1": (ping + ["redis://127.0.0.1:1/0?max_connections=-1"], "PagingError",
+                                      "fix that URL parameter"),
+        "remote ?password= masked": (ping + ["redis://127.0.0.1:1/0?password=hunter3&retries=0"],
+                                     "RemoteUnavailableError", "password=***"),
+        "stats /dev/null": (["stats", "--store", os.devnull], "InputError", "is not a directory"),
+        "graft --artifact ''": (["graft", "--model", "tiny-llama", "--store", str(store), "--artifact", "",
+                                 "--prompt", "x"], "tieredkv graft", "got an empty one"),
+        "check --recompute, another model": (["check", "--store", str(store), "--recompute", "1", "--model",
+                                              "tiny-qwen2"], "ModelMismatchError", "needs the store's model"),
+        "qa --disk-budget 1": (["qa", "--model", "tiny-llama", "--store", str(tmp_path / "left-qa"),
+                                "--disk-budget", "1"], "tieredkv qa", ">= 1048576"),
+    }
 
 
 __all__ = ["call", "cli_many", "is_one_line_error", "damaged_store_run", "lock_deleted_run", "key_offsets",

@@ -73,6 +73,9 @@ def test_errors_are_one_line_with_exit_2(capsys, source, tmp_path):
     flip_file_bit(late, 8 * (Path(late).stat().st_size - 9))
     code, _, err = run(capsys, "import", late, "--store", str(tmp_path / "d3"), "--quiet")
     assert code == 2 and "ArtifactIntegrityError" in err
+    (tmp_path / "d4").mkdir()  # an empty directory made for the store: it stays, empty
+    code, _, err = run(capsys, "import", late, "--store", str(tmp_path / "d4"), "--quiet")
+    assert code == 2 and "ArtifactIntegrityError" in err and list((tmp_path / "d4").iterdir()) == []
     flip_file_bit(f, 8 * (read_header(f).data_offset - 4))  # a hex digit of the header
     code, _, err = run(capsys, "import", f, "--store", str(tmp_path / "d2"), "--quiet")
     assert code == 2 and "ArtifactIntegrityError: bad artifact header: header_sha256 mismatch" in err

@@ -101,6 +101,8 @@ def test_case11_every_bad_input_is_one_line_exit_2(store_with_artifact, tmp_path
         assert words in line, (name, line)
     assert not missing.exists()  # was: an empty store created there, exit 0
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+    assert not list(tmp_path.glob("left-*"))  # was: a store left behind by each refused deposit or library add
+    assert not any("hunter3" in r["err"] + r["out"] for r in results)  # the URL's ?password= is masked
 
 
 def test_case11_a_mistyped_store_for_push_is_refused_once_the_server_answers(tmp_path, redis_server):

@@ -3,11 +3,13 @@ validate numbers, and reading user files with one-line errors."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tieredkv.errors import TieredKVError
 
@@ -23,9 +25,9 @@ def model_arg(p: argparse.ArgumentParser, default: str = "smollm2") -> None:
 
 def store_args(p: argparse.ArgumentParser, artifact: str | None = None) -> None:
     """--store (required) and, when `artifact` is "required" or "optional", --artifact."""
-    p.add_argument("--store", required=True, help="store directory")
+    p.add_argument("--store", required=True, type=store_path, help="store directory")
     if artifact is not None:
-        p.add_argument("--artifact", required=artifact == "required",
+        p.add_argument("--artifact", required=artifact == "required", type=artifact_ref,
                        help="artifact id or unique prefix" + ("" if artifact == "required" else " (default: all)"))
 
 
@@ -40,12 +42,32 @@ def open_store(path: str, *, must_exist: bool = False, **kw):
 
     # a commit record without data.mdb is a store whose data is gone: PageStore says so (StoreIntegrityError)
     if must_exist and not (Path(path) / "data.mdb").is_file() and not (Path(path) / RECORD_NAME).is_file():
-        what = "is a file, not a store directory" if Path(path).is_file() else (
-            "is a directory without a store (no data.mdb)" if Path(path).is_dir() else "does not exist")
+        what = ("is a directory without a store (no data.mdb)" if Path(path).is_dir() else
+                "is not a directory (a file, FIFO or device)" if os.path.lexists(path) else "does not exist")
         raise InputError(f"--store {path} {what}; give the directory of an existing store (deposit or import "
                          "creates one)")
     kw.setdefault("remote_from_env", True)
     return PageStore(path, StoreConfig(**kw))
+
+
+@contextlib.contextmanager
+def nothing_left_if_refused(path: str) -> Iterator[None]:
+    """Around a command that may create a store at `path`: if the command fails, what it created there
+    is removed again, so a refused command leaves no empty or partial store behind. A store that was
+    there before is left as it is (its own transactions keep it whole)."""
+    p = Path(path)
+    had_store = (p / "data.mdb").exists()
+    before = set(os.listdir(p)) if p.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if not had_store and before is None:
+            shutil.rmtree(p, ignore_errors=True)
+        elif not had_store:
+            for name in set(os.listdir(p)) - before:
+                target = p / name
+                shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+        raise
 
 
 def print_json(obj: Any, as_json: bool = True) -> None:
@@ -69,6 +91,38 @@ def int_at_least(minimum: int):
 
 positive_int = int_at_least(1)
 nonneg_int = int_at_least(0)
+
+
+MAX_PAGE_SIZE = 1 << 16  # tokens per page: far above any useful page (the default is 128)
+
+
+def int_between(minimum: int, maximum: int):
+    """An argparse type: an int in [`minimum`, `maximum`]."""
+    at_least = int_at_least(minimum)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be an integer <= {maximum:,}, got {text}")
+        return value
+    parse.__name__ = f"int in [{minimum}, {maximum}]"
+    return parse
+
+
+def artifact_ref(text: str) -> str:
+    """An argparse type: an artifact id or prefix; an empty one (which would match every artifact) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be an artifact id or a prefix of one (`tieredkv stats` lists them), "
+                                         "got an empty one")
+    return text
+
+
+def store_path(text: str) -> str:
+    """An argparse type: a store directory; an empty or blank path (which would be the current
+    directory, or a directory named by spaces) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a directory, got {text!r}")
+    return text
 
 
 def fraction(text: str) -> float:

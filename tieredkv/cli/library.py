@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from tieredkv.cli.common import model_arg, open_store, positive_int, print_json, store_args
+from tieredkv.cli.common import model_arg, nothing_left_if_refused, open_store, positive_int, print_json, store_args
 
 VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> answer) or `package.module:name` "
                  "(a Verifier class or instance, or a function (problem, solution) -> bool)")
@@ -21,7 +21,7 @@ def cmd_add(a) -> int:
     from tieredkv.library.verifiers import load_verifier
 
     verifier = load_verifier(a.verifier)
-    with open_store(a.store) as store:
+    with nothing_left_if_refused(a.store), open_store(a.store) as store:
         entry = _library(a, store).add(a.problem, a.solution, verifier)
     print_json({**entry.to_dict(), "store": a.store, "library": a.library})
     return 0
@@ -31,7 +31,7 @@ def cmd_solve(a) -> int:
     from tieredkv.library.verifiers import load_verifier
 
     verifier = load_verifier(a.verifier)
-    with open_store(a.store) as store:
+    with nothing_left_if_refused(a.store), open_store(a.store) as store:
         result = _library(a, store).solve(a.problem, verifier, deposit=not a.no_deposit)
     if a.json:
         print_json(result.to_dict())

@@ -11,13 +11,15 @@ import os
 import select
 import sys
 
-from tieredkv.cli.common import (InputError, OneLineParser, int_at_least, model_arg as _model_arg, nonneg_int,
+from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, OneLineParser, int_at_least, int_between,
+                                 model_arg as _model_arg, nonneg_int, nothing_left_if_refused,
                                  open_store as _open_store, positive_int, print_json as _print, read_text_file,
                                  store_args)
-from tieredkv.errors import TieredKVError
+from tieredkv.errors import EmptyInputError, TieredKVError
 from paging.errors import PagingError
 
 DEBUG_ENV = "TIEREDKV_DEBUG"  # set to 1 to see the traceback of an unexpected error
+MAX_SHIFT = 1 << 24  # positions a verify may graft away: more than any context this project reaches
 
 
 EXTENSIONS = ("tieredkv.cli.qa", "tieredkv.cli.portable", "tieredkv.cli.remote", "tieredkv.cli.library",
@@ -32,8 +34,10 @@ def cmd_deposit(a) -> int:
     if (a.file is None) == (a.text is None):
         raise InputError("give exactly one of FILE or --text")
     text = a.text if a.text is not None else read_text_file(a.file, "FILE")
+    if not text.strip():
+        raise EmptyInputError(f"nothing to deposit: {'--text' if a.text is not None else a.file} is empty or blank")
     lm = load_model(a.model)
-    with _open_store(a.store) as store, token_bar("deposit", quiet=a.quiet) as bar:
+    with nothing_left_if_refused(a.store), _open_store(a.store) as store, token_bar("deposit", quiet=a.quiet) as bar:
         art = deposit(lm, text, store, page_size=a.page_size, name=a.name or (a.file or ""), progress=bar)
     _print({**art.summary(), "store": str(a.store)})
     return 0
@@ -114,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("file", nargs="?")
     d.add_argument("--text")
     d.add_argument("--name", default="")
-    d.add_argument("--page-size", type=positive_int,
+    d.add_argument("--page-size", type=int_between(1, MAX_PAGE_SIZE),
                    help="tokens per page and prefill chunk (default: the model's, 128 for smollm2); 512 deposits "
                         "as fast as a plain prefill on CPU, grafts and reuse then cut at 512-token boundaries")
     d.add_argument("--quiet", action="store_true")
@@ -135,10 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefix length, varied per sample (default 256)")
     v.add_argument("--samples", type=positive_int, default=50)
     v.add_argument("--continuation", type=positive_int, default=16)
-    v.add_argument("--shift", type=nonneg_int, default=0,
+    v.add_argument("--shift", type=int_between(0, MAX_SHIFT), default=0,
                    help="graft K positions away (keys re-rotated) to measure drift")
-    v.add_argument("--page-size", type=positive_int)
-    v.add_argument("--seed", type=nonneg_int, default=0)
+    v.add_argument("--page-size", type=int_between(1, MAX_PAGE_SIZE))
+    v.add_argument("--seed", type=int_between(0, 2**63 - 1), default=0)
     v.add_argument("--json", action="store_true")
     v.add_argument("--rows", action="store_true", help="include per-sample rows (hashes) in the output")
     v.add_argument("--quiet", action="store_true")

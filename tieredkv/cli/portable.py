@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 
-from tieredkv.cli.common import InputError, fraction, model_arg, nonneg_int, open_store, print_json, regular_file, store_args
+from tieredkv.cli.common import (InputError, fraction, model_arg, nonneg_int, nothing_left_if_refused, open_store,
+                                 print_json, regular_file, store_args)
 
 
 def cmd_export(a) -> int:
@@ -68,15 +68,10 @@ def cmd_import(a) -> int:
             from tieredkv.artifacts.recompute import Recomputer
 
             recomputer = Recomputer(lm, art, a.verify_recompute, seed=a.seed)
-    created = not os.path.lexists(a.store)
-    try:
-        with open_store(a.store) as store, count_bar("import", None, unit="page", quiet=a.quiet) as bar:
-            art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
-                                  allow_domain_mismatch=a.allow_domain_mismatch, progress=bar, recompute=recomputer)
-    except BaseException:
-        if created:  # a refused import into a new store leaves no store behind (it held no artifact)
-            shutil.rmtree(a.store, ignore_errors=True)
-        raise
+    with (nothing_left_if_refused(a.store), open_store(a.store) as store,
+          count_bar("import", None, unit="page", quiet=a.quiet) as bar):
+        art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
+                              allow_domain_mismatch=a.allow_domain_mismatch, progress=bar, recompute=recomputer)
     out = {**art.summary(), "store": str(a.store), "file": str(a.file), "exactness": promise}
     if recomputer is not None:
         out["recompute"] = recomputer.report()
@@ -111,7 +106,9 @@ def cmd_check(a) -> int:
 
 
 def _check_here(a) -> int:
+    from tieredkv.artifacts.artifact import store_fingerprint
     from tieredkv.artifacts.check import check_store
+    from tieredkv.errors import ModelMismatchError
 
     lm = None
     if a.recompute is not None:
@@ -124,6 +121,10 @@ def _check_here(a) -> int:
     try:
         with open_store(a.store, must_exist=True, allow_damaged=True) as store:
             opened = True
+            bound = store_fingerprint(store) if lm is not None else None
+            if bound is not None and bound != lm.fingerprint:  # it could recompute nothing, and say healthy
+                raise ModelMismatchError(f"store {a.store} (check --recompute needs the store's model)", bound,
+                                         lm.fingerprint)
             report = check_store(store, sample=a.sample, seed=a.seed,
                                  recompute=None if lm is None else (lm, a.recompute))
     except StoreIntegrityError as exc:  # too damaged to open or to walk (truncated, a broken tree): a report

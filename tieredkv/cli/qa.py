@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import model_arg, nonneg_int, open_store, positive_int, print_json, read_text_file
+from tieredkv.cli.common import (MAX_PAGE_SIZE, int_at_least, int_between, model_arg, nonneg_int, open_store, positive_int,
+                                 print_json, read_text_file, store_path)
 
 
 class _IngestBar:
@@ -104,10 +105,18 @@ def cmd_qa(a) -> int:
     store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
     doc_ids, q_ids = prompt_parts(lm, document, question)
     config = _config(a, lm, len(doc_ids) + len(q_ids) + a.max_new_tokens)
+    window = getattr(lm.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    total = len(doc_ids) + len(q_ids) + a.max_new_tokens
+    if config.position == "own" and window is not None and total > window:
+        print(f"tieredkv: warning: --position own puts {total - window:,} of {total:,} tokens at positions past the "
+              f"model's window of {window:,}, which it never saw in training, so answers degrade there; the default, "
+              "--position auto, switches to fixed distances beyond the window", file=sys.stderr)
     name = document_name(document)
     t0 = time.perf_counter()
     # open_store: a shared remote tier named by $TIEREDKV_REMOTE serves and receives pages too
-    with open_store(store_dir, lmdb_max_map_size=a.disk_budget,
+    budget = {} if a.disk_budget is None else dict(lmdb_max_map_size=a.disk_budget,
+                                                     lmdb_map_size=min(a.disk_budget, 1 << 30))
+    with open_store(store_dir, **budget,
                     device_budget_bytes=working_set_bytes(lm, config)) as store:
         tm = TieredModel(lm, store, config)
         try:
@@ -177,9 +186,9 @@ def register(sub) -> None:
     model_arg(p)
     p.add_argument("--doc", help="a UTF-8 text file (default: statements chapter of the Python language reference)")
     p.add_argument("--question", help=f"the question (default: {DEFAULT_QUESTION!r})")
-    p.add_argument("--store", help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
+    p.add_argument("--store", type=store_path, help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
     p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
-    p.add_argument("--page-size", type=positive_int)
+    p.add_argument("--page-size", type=int_between(1, MAX_PAGE_SIZE))
     p.add_argument("--sink-pages", type=nonneg_int, default=1)
     p.add_argument("--local-pages", type=positive_int, default=16)
     p.add_argument("--topk-pages", type=positive_int, help="per KV head (default: 16 under --position own, 8 under fixed)")
@@ -199,7 +208,8 @@ def register(sub) -> None:
     r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")
-    p.add_argument("--disk-budget", type=positive_int, help="bytes the store may use on disk (default: the free space)")
+    p.add_argument("--disk-budget", type=int_at_least(1 << 20),
+                   help="bytes the store may use on disk, at least 1 MiB (default: the free space)")
     p.add_argument("--show-pages", type=positive_int, default=3, help="how many read passages or retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
     p.add_argument("--json", action="store_true")

@@ -24,6 +24,10 @@ LIBRARY_FORMAT = 1
 PREFIX = "lib:"
 
 
+class LibraryNameError(TieredKVError, ValueError):
+    """A library name that is empty or holds ':' (the separator of the store's meta keys)."""
+
+
 class CorruptLibraryError(TieredKVError):
     """A library record failed its SHA-256 check or does not parse."""
 
@@ -59,8 +63,8 @@ class LibraryIndex:
     """Reads and writes one named library's records in `store`; knows nothing of models."""
 
     def __init__(self, store: PageStore, name: str = "default"):
-        if not name or ":" in name:
-            raise ValueError(f"library name must be non-empty and without ':', got {name!r}")
+        if not name.strip() or ":" in name:
+            raise LibraryNameError(f"library name must be non-empty and without ':', got {name!r}; give --library NAME")
         self.store, self.name = store, name
         self.namespace = f"{PREFIX}{name}:"
 

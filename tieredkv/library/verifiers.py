@@ -23,6 +23,10 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from tieredkv.errors import TieredKVError
 
 
+class VerifierSpecError(TieredKVError, TypeError):
+    """An object that is neither a Verifier nor a callable was given as a verifier."""
+
+
 class VerifierIdentityError(TieredKVError, TypeError):
     """A verifier whose source cannot be read and that declares no version."""
 
@@ -76,7 +80,7 @@ def as_verifier(obj: Any) -> Verifier:
         return obj
     if callable(obj):
         return FunctionVerifier(obj)
-    raise TypeError(f"a verifier needs `name` and `check(problem, solution)`, or is a callable; got {obj!r}")
+    raise VerifierSpecError(f"a verifier needs `name` and `check(problem, solution)`, or is a callable; got {obj!r:.80}")
 
 
 def verifier_identity(verifier: Any) -> dict[str, Any]:
@@ -110,6 +114,10 @@ class AnswerKeyVerifier:
     name = "answer-key"
 
     def __init__(self, answers: Mapping[str, str]):
+        blank = [q for q, a in answers.items() if not normalize_text(a)]
+        if blank:  # "" is in every solution: such an answer would accept anything
+            raise TieredKVError(f"the answer key gives {len(blank)} problems an empty answer (first: {blank[0][:60]!r}), "
+                                "which every solution contains; give each problem its answer")
         self.answers = {normalize_text(q): a for q, a in answers.items()}
         blob = json.dumps(sorted(self.answers.items()), ensure_ascii=False).encode("utf-8")
         self.version = "key-sha256:" + hashlib.sha256(blob).hexdigest()
@@ -175,11 +183,7 @@ def load_verifier(spec: str) -> Verifier:
     if spec == "arithmetic":
         return ArithmeticVerifier()
     if spec.startswith("answer-key:"):
-        path = Path(spec.split(":", 1)[1])
-        answers = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(answers, dict):
-            raise TieredKVError(f"{path} must hold a JSON object mapping each problem to its answer")
-        return AnswerKeyVerifier({str(k): str(v) for k, v in answers.items()})
+        return AnswerKeyVerifier(_answer_key(spec.split(":", 1)[1]))
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise TieredKVError(f"unknown verifier {spec!r}: use `arithmetic`, `answer-key:FILE.json` or "
@@ -189,5 +193,29 @@ def load_verifier(spec: str) -> Verifier:
     except (ImportError, AttributeError) as e:
         raise TieredKVError(f"cannot load verifier {spec!r}: {e}") from None
     if isinstance(obj, type):
-        obj = obj()
+        try:
+            obj = obj()
+        except TypeError as e:
+            raise TieredKVError(f"verifier {spec!r} is a class that cannot be made without arguments ({e}); name an "
+                                "instance or a function instead") from None
     return as_verifier(obj)
+
+
+def _answer_key(name: str) -> dict[str, str]:
+    """The JSON object problem -> answer in file `name`, or a TieredKVError that says what is wrong."""
+    import os
+    import stat
+
+    try:
+        if not name or not stat.S_ISREG(os.stat(name).st_mode):  # (a FIFO would block the read forever)
+            raise TieredKVError(f"answer-key:{name}: give a regular JSON file (answer-key:FILE.json)")
+        with open(name, "rb") as f:
+            answers = json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise TieredKVError(f"answer-key:{name}: cannot read it ({e.strerror or e})") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise TieredKVError(f"answer-key:{name} is not a JSON text file ({e}); it must hold a JSON object "
+                            "mapping each problem to its answer") from None
+    if not isinstance(answers, dict):
+        raise TieredKVError(f"{name} must hold a JSON object mapping each problem to its answer")
+    return {str(k): str(v) for k, v in answers.items()}
