@@ -581,6 +581,11 @@ def _more_bad_cli_inputs(tmp_path: Path, store: Path) -> dict[str, tuple[list[st
                                  "--prompt", "x"], "tieredkv graft", "got an empty one"),
         "check --recompute, another model": (["check", "--store", str(store), "--recompute", "1", "--model",
                                               "tiny-qwen2"], "ModelMismatchError", "needs the store's model"),
+        "--model ''": (["import", str(tmp_path / "none.tkva"), "--store", str(tmp_path / "left-import"), "--model",
+                        ""], "tieredkv import", "must name a model"),
+        "qa --reencode-pages with --read-passages": (["qa", "--model", "tiny-llama", "--store", str(tmp_path / "left-qa"),
+                                                      "--question", "What?", "--reencode-pages", "2", "--read-passages",
+                                                      "3"], "InputError", "give one or the other"),
         "qa --disk-budget 1": (["qa", "--model", "tiny-llama", "--store", str(tmp_path / "left-qa"),
                                 "--disk-budget", "1"], "tieredkv qa", ">= 1048576"),
     }

@@ -19,7 +19,7 @@ class InputError(TieredKVError):
 
 
 def model_arg(p: argparse.ArgumentParser, default: str = "smollm2") -> None:
-    p.add_argument("--model", default=default, help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|"
+    p.add_argument("--model", default=default, type=model_name, help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|"
                    "tiny-gemma2|tiny-gemma3|tiny-gpt2, or a local HF model directory (default: %(default)s)")
 
 
@@ -107,6 +107,15 @@ def int_between(minimum: int, maximum: int):
         return value
     parse.__name__ = f"int in [{minimum}, {maximum}]"
     return parse
+
+
+def model_name(text: str) -> str:
+    """An argparse type: a built-in model name or a model directory; a blank one is refused (it would
+    name the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a model (smollm2, tiny-llama, ...) or a model directory, got "
+                                         f"{text!r}")
+    return text
 
 
 def artifact_ref(text: str) -> str:

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import (MAX_PAGE_SIZE, int_at_least, int_between, model_arg, nonneg_int, open_store, positive_int,
+from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, int_at_least, int_between, model_arg, nonneg_int, open_store, positive_int,
                                  print_json, read_text_file, store_path)
 
 
@@ -51,6 +51,9 @@ def _config(a, lm, num_tokens: int):
         fields["retrieval"] = a.retrieval
     reading_flags = {k: v for k, v in (("passages", a.read_passages), ("passage_tokens", a.read_tokens),
                                        ("signal", a.read_signal)) if v is not None}
+    if a.reencode_pages and a.read_passages:
+        raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages {a.read_passages} "
+                         "would do nothing; give one or the other")
     try:
         if a.reencode_pages:
             fields.update(reencode_pages=a.reencode_pages, reading=None)
