@@ -86,13 +86,29 @@ def is_one_line_error(result: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------- audit in a child
+def served_roots(store) -> dict[str, str]:
+    """artifact id -> root page key of every artifact whose pages all load, verified (as a graft reads them)."""
+    from paging.errors import PagingError
+    from tieredkv.artifacts.artifact import load_artifact, load_pages
+    from tieredkv.errors import TieredKVError
+
+    served = {}
+    for artifact_id in store.list_manifests():
+        try:
+            art = load_artifact(store, artifact_id)
+            load_pages(store, art)
+            served[artifact_id] = art.root_sha256
+        except (PagingError, TieredKVError):
+            pass
+    return served
+
+
 def open_and_audit_target(store_path: str, expected: dict[str, str], out) -> None:
     """Open the store as a user would, then check it: what was refused, served or called healthy.
 
     `expected`: artifact id -> root page key of every artifact the store must hold."""
     from paging import PageStore
     from paging.errors import PagingError
-    from tieredkv.artifacts.artifact import load_artifact, load_pages
     from tieredkv.artifacts.check import check_store
     from tieredkv.errors import TieredKVError
 
@@ -103,14 +119,7 @@ def open_and_audit_target(store_path: str, expected: dict[str, str], out) -> Non
         return
     try:
         with store:
-            served = {}
-            for artifact_id in store.list_manifests():
-                try:
-                    art = load_artifact(store, artifact_id)
-                    load_pages(store, art)
-                    served[artifact_id] = art.root_sha256
-                except (PagingError, TieredKVError):
-                    pass
+            served = served_roots(store)
             healthy = check_store(store)["healthy"]
     except (PagingError, TieredKVError) as exc:
         out.put({"outcome": "detected", "error": type(exc).__name__, "message": str(exc)[:300]})
@@ -168,20 +177,11 @@ def _load_all(store_path: str) -> dict[str, Any]:
     """Every artifact's root as a user's graft would read it (pages verified), or the typed error."""
     from paging import PageStore
     from paging.errors import PagingError
-    from tieredkv.artifacts.artifact import load_artifact, load_pages
     from tieredkv.errors import TieredKVError
 
     try:
         with PageStore(store_path, store_config()) as store:
-            served = {}
-            for artifact_id in store.list_manifests():
-                try:
-                    art = load_artifact(store, artifact_id)
-                    load_pages(store, art)
-                    served[artifact_id] = art.root_sha256
-                except (PagingError, TieredKVError):
-                    pass
-            return {"served": served}
+            return {"served": served_roots(store)}
     except (PagingError, TieredKVError) as exc:
         return {"refused": type(exc).__name__}
 

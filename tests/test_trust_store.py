@@ -83,15 +83,20 @@ def test_case2_a_flipped_bit_in_the_meta_page_is_reported_and_nothing_is_written
     assert _sha(data) == before  # nothing was committed on top of the damaged snapshot
 
 
-def test_case2_an_older_copy_of_data_mdb_is_a_rollback_naming_the_lost_artifact(tiny_model, tmp_path):
-    lm = tiny_model("tiny-llama")
-    store = tmp_path / "s"
+def _rolled_back(lm, store: Path):
+    """Deposit two artifacts, then put back the data.mdb of after the first: (first, second)."""
     with PageStore(store, StoreConfig()) as s:
-        deposit(lm, _text(0), s, page_size=PAGE)
+        a = deposit(lm, _text(0), s, page_size=PAGE)
     older = (store / "data.mdb").read_bytes()
     with PageStore(store, StoreConfig()) as s:
         b = deposit(lm, _text(5000), s, page_size=PAGE)
     (store / "data.mdb").write_bytes(older)  # the file as it was one artifact ago
+    return a, b
+
+
+def test_case2_an_older_copy_of_data_mdb_is_a_rollback_naming_the_lost_artifact(tiny_model, tmp_path):
+    store = tmp_path / "s"
+    _, b = _rolled_back(tiny_model("tiny-llama"), store)
     with pytest.raises(Exception) as exc:
         PageStore(store, StoreConfig())
     assert type(exc.value).__name__ == "StoreIntegrityError" and b.artifact_id in str(exc.value)
@@ -108,12 +113,7 @@ def test_deleting_the_record_accepts_the_store_as_it_is(tiny_model, tmp_path):
     """The documented way out after restoring a backup on purpose."""
     lm = tiny_model("tiny-llama")
     store = tmp_path / "s"
-    with PageStore(store, StoreConfig()) as s:
-        a = deposit(lm, _text(0), s, page_size=PAGE)
-    older = (store / "data.mdb").read_bytes()
-    with PageStore(store, StoreConfig()) as s:
-        deposit(lm, _text(5000), s, page_size=PAGE)
-    (store / "data.mdb").write_bytes(older)
+    a, _ = _rolled_back(lm, store)
     (store / "tieredkv.commit").unlink()
     with PageStore(store, StoreConfig()) as s:
         report = check_store(s)
@@ -125,14 +125,8 @@ def test_deleting_the_record_accepts_the_store_as_it_is(tiny_model, tmp_path):
 def test_a_damaged_record_is_damage_and_is_not_rewritten(tiny_model, tmp_path):
     """A record that fails its checksum cannot have been torn (it is replaced by a rename): it is
     reported, and never silently replaced by one that would bless a rolled-back data.mdb."""
-    lm = tiny_model("tiny-llama")
     store = tmp_path / "s"
-    with PageStore(store, StoreConfig()) as s:
-        deposit(lm, _text(0), s, page_size=PAGE)
-    older = (store / "data.mdb").read_bytes()
-    with PageStore(store, StoreConfig()) as s:
-        deposit(lm, _text(5000), s, page_size=PAGE)
-    (store / "data.mdb").write_bytes(older)  # rolled back, and the record that would tell is damaged
+    _rolled_back(tiny_model("tiny-llama"), store)  # rolled back, and the record that would tell is damaged
     record = bytearray((store / "tieredkv.commit").read_bytes())
     record[len(record) // 2] ^= 0x10
     (store / "tieredkv.commit").write_bytes(bytes(record))

@@ -47,7 +47,7 @@ def cmd_ls(a) -> int:
 def cmd_push(a) -> int:
     from tieredkv.artifacts.artifact import load_artifact
     from tieredkv.artifacts.manifest import iter_pages, parse_manifest
-    from tieredkv.cli.common import nothing_left_if_refused, open_store
+    from tieredkv.cli.common import open_store
 
     t = time.perf_counter()
     tier = _tier(a.remote)
@@ -91,7 +91,7 @@ def cmd_push(a) -> int:
 def cmd_pull(a) -> int:
     from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, store_fingerprint
     from tieredkv.artifacts.manifest import ChainWalker, check_root, iter_pages, parse_manifest, read_back
-    from tieredkv.cli.common import nothing_left_if_refused, open_store
+    from tieredkv.cli.common import open_store
     from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError
 
     t = time.perf_counter()
@@ -106,7 +106,9 @@ def cmd_pull(a) -> int:
                                         f"there); `tieredkv remote ls --remote URL` lists them")
         data = tier.get_manifest(matches[0])
         art = parse_manifest(data, stored_as=matches[0], where=tier.config.safe_url)  # before anything is written
-        with nothing_left_if_refused(a.store), open_store(a.store, remote_from_env=False) as store:
+        # NOTE: not nothing_left_if_refused: an interrupted pull keeps its verified pages, so the next one
+        # fetches only what is missing
+        with open_store(a.store, remote_from_env=False) as store:
             bound = store_fingerprint(store)
             if bound is not None and bound != art.fingerprint:
                 raise ModelMismatchError(f"store {a.store}", bound, art.fingerprint)
