@@ -496,3 +496,28 @@ def test_qa_over_damaged_pages_names_the_damage_and_the_remedy(tmp_path, capsys)
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["context"].startswith("grafted") and again["answer"] == first["answer"]
+
+
+def test_qa_warns_when_own_positions_run_past_the_window(tmp_path, capsys, monkeypatch):
+    """`--position own` is the user's choice past the window too, but never a silent one (a 256-position
+    window stands in for the 8,192 of the real model, so the document stays small)."""
+    import tieredkv.models as models
+    from tieredkv.cli import main
+
+    real = models.load_model
+
+    def small_window(name, **kw):
+        lm = real(name, **kw)
+        lm.model.config.max_position_embeddings = 256
+        return lm
+
+    monkeypatch.setattr(models, "load_model", small_window)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha beta gamma. " * 30)  # ~540 byte tokens
+    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What?", "--store", str(tmp_path / "s"),
+            "--max-new-tokens", "2", "--quiet"]
+    assert main([*args, "--position", "own"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --position own puts" in err and "window of 256" in err
+    assert main(args) == 0  # auto: fixed distances beyond the window, no warning
+    assert "warning" not in capsys.readouterr().err
