@@ -599,7 +599,8 @@ class LMDBTier(Tier):
         if not (isinstance(raw, bytes) and raw.isdigit() and len(raw) < 20):
             raise StoreCorruptedError(
                 f"store {self.path}: its payload byte counter ({_PAYLOAD_NBYTES.decode()}) reads {raw[:40]!r}, not a "
-                f"count: the store's bookkeeping was altered — re-import or re-deposit its artifacts into a new store")
+                f"count: the store's bookkeeping was altered — re-import or re-deposit its artifacts into a new "
+                f"store")
         return int(raw)
 
     @property

@@ -583,9 +583,10 @@ def _more_bad_cli_inputs(tmp_path: Path, store: Path) -> dict[str, tuple[list[st
                                               "tiny-qwen2"], "ModelMismatchError", "needs the store's model"),
         "--model ''": (["import", str(tmp_path / "none.tkva"), "--store", str(tmp_path / "left-import"), "--model",
                         ""], "tieredkv import", "must name a model"),
-        "qa --reencode-pages with --read-passages": (["qa", "--model", "tiny-llama", "--store", str(tmp_path / "left-qa"),
-                                                      "--question", "What?", "--reencode-pages", "2", "--read-passages",
-                                                      "3"], "InputError", "give one or the other"),
+        "qa --reencode-pages with --read-passages": (["qa", "--model", "tiny-llama", "--store",
+                                                      str(tmp_path / "left-qa"), "--question", "What?",
+                                                      "--reencode-pages", "2", "--read-passages", "3"], "InputError",
+                                                     "give one or the other"),
         "qa --disk-budget 1": (["qa", "--model", "tiny-llama", "--store", str(tmp_path / "left-qa"),
                                 "--disk-budget", "1"], "tieredkv qa", ">= 1048576"),
     }

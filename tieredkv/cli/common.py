@@ -19,8 +19,9 @@ class InputError(TieredKVError):
 
 
 def model_arg(p: argparse.ArgumentParser, default: str = "smollm2") -> None:
-    p.add_argument("--model", default=default, type=model_name, help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|"
-                   "tiny-gemma2|tiny-gemma3|tiny-gpt2, or a local HF model directory (default: %(default)s)")
+    p.add_argument("--model", default=default, type=model_name,
+                   help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|tiny-gemma2|tiny-gemma3|tiny-gpt2, or a "
+                        "local HF model directory (default: %(default)s)")
 
 
 def store_args(p: argparse.ArgumentParser, artifact: str | None = None) -> None:

@@ -12,7 +12,7 @@ import select
 import sys
 
 from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, OneLineParser, int_at_least, int_between,
-                                 model_arg as _model_arg, nonneg_int, nothing_left_if_refused,
+                                 model_arg as _model_arg, nothing_left_if_refused,
                                  open_store as _open_store, positive_int, print_json as _print, read_text_file,
                                  store_args)
 from tieredkv.errors import EmptyInputError, TieredKVError

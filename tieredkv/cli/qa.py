@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, int_at_least, int_between, model_arg, nonneg_int, open_store, positive_int,
-                                 print_json, read_text_file, store_path)
+from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, int_at_least, int_between, model_arg, nonneg_int,
+                                 open_store, positive_int, print_json, read_text_file, store_path)
 
 
 class _IngestBar:

@@ -80,7 +80,8 @@ def as_verifier(obj: Any) -> Verifier:
         return obj
     if callable(obj):
         return FunctionVerifier(obj)
-    raise VerifierSpecError(f"a verifier needs `name` and `check(problem, solution)`, or is a callable; got {obj!r:.80}")
+    raise VerifierSpecError(f"a verifier needs `name` and `check(problem, solution)`, or is a callable; "
+                            f"got {obj!r:.80}")
 
 
 def verifier_identity(verifier: Any) -> dict[str, Any]:
@@ -116,8 +117,8 @@ class AnswerKeyVerifier:
     def __init__(self, answers: Mapping[str, str]):
         blank = [q for q, a in answers.items() if not normalize_text(a)]
         if blank:  # "" is in every solution: such an answer would accept anything
-            raise TieredKVError(f"the answer key gives {len(blank)} problems an empty answer (first: {blank[0][:60]!r}), "
-                                "which every solution contains; give each problem its answer")
+            raise TieredKVError(f"the answer key gives {len(blank)} problems an empty answer (first: "
+                                f"{blank[0][:60]!r}), which every solution contains; give each problem its answer")
         self.answers = {normalize_text(q): a for q, a in answers.items()}
         blob = json.dumps(sorted(self.answers.items()), ensure_ascii=False).encode("utf-8")
         self.version = "key-sha256:" + hashlib.sha256(blob).hexdigest()
@@ -178,7 +179,6 @@ def load_verifier(spec: str) -> Verifier:
     """A verifier from a command-line spec: `arithmetic`, `answer-key:FILE.json` (a JSON object problem ->
     answer), or `package.module:name` (a Verifier class, instance or a plain function)."""
     import importlib
-    from pathlib import Path
 
     if spec == "arithmetic":
         return ArithmeticVerifier()
