@@ -505,9 +505,9 @@ def tree_flips(world: World, n: int, rng: random.Random) -> dict[str, Any]:
     for i in range(n):
         page = rng.randrange(2, last)
         offset = page * tf.PAGE + (rng.randrange(64) if i % 2 else rng.randrange(tf.PAGE))
-        results.append(tf.damaged_store_run(
+        results.append(tf.tree_flip_run(
             world.runner, template, work, lambda w, o=offset, b=rng.randrange(8): tf.flip_byte_bit(w / "data.mdb", o, b),
-            expected, target=tf.tree_flip_target))
+            expected))
     loads: dict[str, int] = {}
     for r in results:
         loads[r.get("loads", "?")] = loads.get(r.get("loads", "?"), 0) + 1
@@ -759,7 +759,7 @@ allocated (peak Python memory of the refusal, measured with tracemalloc):
   tells an older snapshot from the committed one. **lock.mdb** is deleted while a deposit is paused
   half-way and a second deposit runs; the first must stop with StoreLockError. **Tree pages**
   (every page after the two meta pages) get one random bit flipped; `check` walks the copy in one
-  grandchild, as the CLI does (a crash inside liblmdb is reported, exit 1), and every artifact is
+  child, as the CLI does (a crash inside liblmdb is reported, exit 1), and every artifact is
   loaded in another, whose crashes are counted in the row's notes.
 - **Manifests** are tampered with in LMDB (graft, export, check) and on a real redis-server (`remote
   pull`); **forged artifacts** have one number of one page changed, every later page recomputed on

@@ -113,11 +113,12 @@ class RemoteConfig:
     down_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name, lo, hi in (("timeout_s", 1e-3, 3600), ("connect_timeout_s", 1e-3, 3600), ("backoff_s", 0, 60),
-                             ("down_s", 0, 86400)):
-            if not lo <= getattr(self, name) <= hi or (lo == 0 and 0 < getattr(self, name) < 1e-3):
-                raise PagingError(f"remote {name} must be {'0 or ' if lo == 0 else ''}between {max(lo, 1e-3)} "
-                                  f"and {hi} seconds, got {getattr(self, name)!r}")
+        for name, hi, zero_ok in (("timeout_s", 3600, False), ("connect_timeout_s", 3600, False),
+                                  ("backoff_s", 60, True), ("down_s", 86400, True)):
+            value = getattr(self, name)
+            if not (1e-3 <= value <= hi or (zero_ok and value == 0)):
+                raise PagingError(f"remote {name} must be {'0 or ' if zero_ok else ''}between 0.001 and {hi} "
+                                  f"seconds, got {value!r}")
         if not (0 <= self.retries <= 100 and 1 <= self.batch_pages <= 100_000):
             raise PagingError(f"remote retries must be 0..100 and batch 1..100000, got "
                               f"{self.retries}, {self.batch_pages}")

@@ -132,37 +132,12 @@ def open_and_audit_target(store_path: str, expected: dict[str, str], out) -> Non
         out.put({"outcome": "lost", "served": served})
 
 
-def _in_grandchild(fn) -> tuple[Any, str | None]:
-    """`fn()` in a forked process: (its picklable result, None), or (None, signal name) if it died."""
-    import pickle
-    import signal
-
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the grandchild
-        os.close(r)
-        try:
-            data = pickle.dumps(fn())
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            data = pickle.dumps({"untyped": f"{type(exc).__name__}: {exc}"[:300]})
-        os.write(w, data)
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return None, signal.Signals(os.WTERMSIG(status)).name
-    return pickle.loads(data), None
-
-
 def _check_walk(store_path: str) -> dict[str, Any]:
     """What `tieredkv check` reports (its walk, as cmd_check's child runs it)."""
+    from paging import PageStore
     from paging.errors import PagingError, StoreIntegrityError
     from tieredkv.artifacts.check import check_store
     from tieredkv.errors import TieredKVError
-
-    from paging import PageStore
 
     try:
         with PageStore(store_path, store_config(allow_damaged=True)) as s:
@@ -186,15 +161,27 @@ def _load_all(store_path: str) -> dict[str, Any]:
         return {"refused": type(exc).__name__}
 
 
-def tree_flip_target(store_path: str, expected: dict[str, str], out) -> None:
-    """`check` as the CLI runs it (its walk in a child: a crash inside liblmdb is a report, exit 1), then
-    every artifact loaded as a user would (in another child: a crash there is counted, not hidden)."""
-    walk, died = _in_grandchild(lambda: _check_walk(store_path))
-    load, load_died = _in_grandchild(lambda: _load_all(store_path))
-    loads = f"crashed ({load_died})" if load_died else (
-        "refused" if "refused" in load else "served" if load["served"] == expected else "partly refused")
-    if died:
-        result = {"outcome": "detected", "error": f"check: LMDB crashed ({died}), reported"}
+def check_walk_target(store_path: str, out) -> None:
+    out.put(_check_walk(store_path))
+
+
+def load_all_target(store_path: str, out) -> None:
+    out.put(_load_all(store_path))
+
+
+def tree_flip_run(runner, template: Path, work: Path, damage, expected: dict[str, str]) -> dict[str, Any]:
+    """Copy `template` to `work`, apply `damage(work)`, then `check` it as the CLI runs it (its walk in a
+    child: a crash inside liblmdb is a report, exit 1) and load every artifact as a user would (in another
+    child: a crash there is counted in "loads", not hidden)."""
+    with _damaged_copy(template, work, damage):
+        walk = call(runner, check_walk_target, (str(work),))
+        load = call(runner, load_all_target, (str(work),))
+    if load.get("outcome") == "crashed":
+        loads = f"crashed ({_signal_name(load['exitcode'])})"
+    else:
+        loads = "refused" if "refused" in load else "served" if load["served"] == expected else "partly refused"
+    if walk.get("outcome") == "crashed":
+        result = {"outcome": "detected", "error": f"check: LMDB crashed ({_signal_name(walk['exitcode'])}), reported"}
     elif "untyped" in walk or "typed" in walk:
         result = {"outcome": "error", "error": walk.get("untyped") or walk["typed"]}
     elif not walk["healthy"]:
@@ -203,7 +190,13 @@ def tree_flip_target(store_path: str, expected: dict[str, str], out) -> None:
         result = {"outcome": "survived"}
     else:
         result = {"outcome": "lost", "error": f"check healthy, but the artifacts were {loads}"}
-    out.put({**result, "loads": loads})
+    return {**result, "loads": loads}
+
+
+def _signal_name(exitcode: int | None) -> str:
+    import signal
+
+    return signal.Signals(-exitcode).name if exitcode is not None and exitcode < 0 else f"exit {exitcode}"
 
 
 def artifact_roots(store_path: Path) -> dict[str, str]:
@@ -232,16 +225,22 @@ def flip_byte_bit(path: Path, offset: int, bit: int) -> None:
         f.write(bytes([b ^ (1 << bit)]))
 
 
-def damaged_store_run(runner, template: Path, work: Path, damage, expected: dict[str, str],
-                      target=None) -> dict[str, Any]:
-    """Copy `template` to `work`, apply `damage(work)`, open and audit it in a child (`target`, default
-    open_and_audit_target)."""
+@contextlib.contextmanager
+def _damaged_copy(template: Path, work: Path, damage):
+    """`template` copied to `work` and `damage(work)` applied, for the `with` block; removed after."""
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(template, work)
     damage(work)
-    result = call(runner, target or open_and_audit_target, (str(work), expected))
-    shutil.rmtree(work, ignore_errors=True)
-    return result
+    try:
+        yield
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def damaged_store_run(runner, template: Path, work: Path, damage, expected: dict[str, str]) -> dict[str, Any]:
+    """Copy `template` to `work`, apply `damage(work)`, open and audit it in a child."""
+    with _damaged_copy(template, work, damage):
+        return call(runner, open_and_audit_target, (str(work), expected))
 
 
 # ----------------------------------------------------------------------------- lock.mdb deleted

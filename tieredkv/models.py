@@ -208,6 +208,11 @@ def _cached_fingerprint(name: str, model, codec: TextCodec) -> str:
     return fp
 
 
+def trained_window(model) -> int | None:
+    """The positions the model was trained on (max_position_embeddings); None if it declares none."""
+    return getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+
+
 def num_kv_heads(model) -> int:
     """KV heads per layer (query heads when the model has no GQA)."""
     c = model.config.get_text_config(decoder=True)

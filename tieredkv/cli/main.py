@@ -66,7 +66,9 @@ def cmd_graft(a) -> int:
 
 def _check_window(lm, num_tokens: int, max_new_tokens: int) -> None:
     """Refuse a generation that would run past the model's trained window (positions it never saw)."""
-    window = getattr(lm.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    from tieredkv.models import trained_window
+
+    window = trained_window(lm.model)
     if window is not None and num_tokens + max_new_tokens > window:
         room = window - num_tokens
         fix = f"lower --max-new-tokens to {room} or less" if room > 0 else "use a shorter artifact or prompt"

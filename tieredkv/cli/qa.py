@@ -94,7 +94,7 @@ def cmd_qa(a) -> int:
     from tieredkv.corpus import DEFAULT_QUESTION, default_document
     from paging.errors import CorruptPageError, PageNotFoundError
     from tieredkv.errors import EmptyInputError, StoredContextDamagedError
-    from tieredkv.models import cache_dir, load_model
+    from tieredkv.models import cache_dir, load_model, trained_window
     from tieredkv.qa import document_name, find_artifact, prompt_parts
     from tieredkv.tiered_model import TieredModel, working_set_bytes
 
@@ -107,9 +107,9 @@ def cmd_qa(a) -> int:
     lm = load_model(a.model)
     store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
     doc_ids, q_ids = prompt_parts(lm, document, question)
-    config = _config(a, lm, len(doc_ids) + len(q_ids) + a.max_new_tokens)
-    window = getattr(lm.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
     total = len(doc_ids) + len(q_ids) + a.max_new_tokens
+    config = _config(a, lm, total)
+    window = trained_window(lm.model)
     if config.position == "own" and window is not None and total > window:
         print(f"tieredkv: warning: --position own puts {total - window:,} of {total:,} tokens at positions past the "
               f"model's window of {window:,}, which it never saw in training, so answers degrade there; the default, "
@@ -125,7 +125,7 @@ def cmd_qa(a) -> int:
         try:
             art = None if a.reingest else find_artifact(store, name, tm.domain())
             if art is None:
-                tm.check_disk_budget(len(doc_ids) + len(q_ids) + a.max_new_tokens, budget_bytes=a.disk_budget)
+                tm.check_disk_budget(total, budget_bytes=a.disk_budget)
             bar = _IngestBar(tm, len(doc_ids), a.quiet or art is not None)
             try:  # open_document's two branches, with the one manifest scan above
                 grafted = art is not None
