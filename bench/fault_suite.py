@@ -16,6 +16,7 @@ imported: must be 0).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -501,12 +502,13 @@ def tree_flips(world: World, n: int, rng: random.Random) -> dict[str, Any]:
     expected = tf.artifact_roots(template)
     last = fc.lmdb_used_nbytes(template) // tf.PAGE
     work = world.root / "tree-work"
-    results = []
+    data_sha256 = hashlib.sha256((template / "data.mdb").read_bytes()).hexdigest()  # the input, to re-check by
+    results, flips = [], []
     for i in range(n):
         page = rng.randrange(2, last)
-        offset = page * tf.PAGE + (rng.randrange(64) if i % 2 else rng.randrange(tf.PAGE))
+        flips.append((page * tf.PAGE + (rng.randrange(64) if i % 2 else rng.randrange(tf.PAGE)), rng.randrange(8)))
         results.append(tf.tree_flip_run(
-            world.runner, template, work, lambda w, o=offset, b=rng.randrange(8): tf.flip_byte_bit(w / "data.mdb", o, b),
+            world.runner, template, work, lambda w, o=flips[-1][0], b=flips[-1][1]: tf.flip_byte_bit(w / "data.mdb", o, b),
             expected))
     loads: dict[str, int] = {}
     for r in results:
@@ -515,7 +517,8 @@ def tree_flips(world: World, n: int, rng: random.Random) -> dict[str, Any]:
     return _outcome_row("bit flip, LMDB tree pages", results,
                         f"{n} random bits of pages 2..{last - 1} of data.mdb (half in a page's first 64 bytes), then "
                         f"`check` as the CLI runs it (a crash inside liblmdb is reported, exit 1) and every artifact "
-                        f"loaded in another child; the loads: {text}", loads=loads)
+                        f"loaded in another child; the loads: {text}", loads=loads,
+                        data_mdb_sha256=data_sha256, flips=flips, outcomes_by_flip=[r["outcome"] for r in results])
 
 
 def store_truncations(world: World, n_random: int, rng: random.Random) -> dict[str, Any]:
