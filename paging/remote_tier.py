@@ -138,6 +138,11 @@ class RemoteConfig:
                               f"{sorted(_SCHEMES)} (got {cls._redact(url)})")
         scheme, is_cluster = _SCHEMES[parts.scheme]
         query, kw = [], {}
+        given = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
+        twice = next((name for i, name in enumerate(given) if name in given[:i]), None)
+        if twice is not None:  # NOTE: else the last one would silently win (or the redis client would pick one)
+            raise PagingError(f"remote URL parameter {twice!r} is given more than once in {cls._redact(url)}; "
+                              "give it once")
         for name, value in parse_qsl(parts.query, keep_blank_values=True):
             if name == "cluster":
                 if value.lower() not in _TRUE | _FALSE:

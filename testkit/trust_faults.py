@@ -588,6 +588,14 @@ def _more_bad_cli_inputs(tmp_path: Path, store: Path) -> dict[str, tuple[list[st
                                                      "give one or the other"),
         "qa --disk-budget 1": (["qa", "--model", "tiny-llama", "--store", str(tmp_path / "left-qa"),
                                 "--disk-budget", "1"], "tieredkv qa", ">= 1048576"),
+        # flags that did nothing without another one (the user took the result for what they asked)
+        "import --seed without --verify-recompute": (["import", str(tmp_path / "none.tkva"), "--store",
+                                                      str(tmp_path / "left-import"), "--seed", "3"], "InputError",
+                                                     "give --verify-recompute FRACTION too"),
+        "check --model without --recompute": (["check", "--store", str(store), "--model", "tiny-qwen2"], "InputError",
+                                              "give --recompute FRACTION too"),
+        "remote URL parameter twice": (ping + ["redis://127.0.0.1:1/0?retries=0&retries=5"], "PagingError",
+                                       "given more than once"),
     }
 
 

@@ -1,5 +1,3 @@
-import sys
+from tieredkv.launch import run
 
-from tieredkv.cli.main import main
-
-sys.exit(main())
+run()

@@ -18,10 +18,13 @@ class InputError(TieredKVError):
     """A file, path or value given on the command line cannot be used as given."""
 
 
-def model_arg(p: argparse.ArgumentParser, default: str = "smollm2") -> None:
+DEFAULT_MODEL = "smollm2"
+
+
+def model_arg(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL, note: str | None = None) -> None:
     p.add_argument("--model", default=default, type=model_name,
-                   help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|tiny-gemma2|tiny-gemma3|tiny-gpt2, or a "
-                        "local HF model directory (default: %(default)s)")
+                   help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|tiny-gemma2|tiny-gemma3|tiny-gpt2, "
+                        "or a local HF model directory (" + (note or "default: %(default)s") + ")")
 
 
 def store_args(p: argparse.ArgumentParser, artifact: str | None = None) -> None:
@@ -51,24 +54,41 @@ def open_store(path: str, *, must_exist: bool = False, **kw):
     return PageStore(path, StoreConfig(**kw))
 
 
+class Refusal:
+    """What `nothing_left_if_refused` yields: `refused()` marks a command that ends without an exception
+    but without a result (exit 1), so what it created is removed all the same."""
+
+    def __init__(self):
+        self.failed = False
+
+    def refused(self) -> None:
+        self.failed = True
+
+
 @contextlib.contextmanager
-def nothing_left_if_refused(path: str) -> Iterator[None]:
-    """Around a command that may create a store at `path`: if the command fails, what it created there
-    is removed again, so a refused command leaves no empty or partial store behind. A store that was
-    there before is left as it is (its own transactions keep it whole)."""
+def nothing_left_if_refused(path: str) -> Iterator[Refusal]:
+    """Around a command that may create a store at `path`: if the command fails (or marks itself
+    `refused()`), what it created there is removed again, so a refused command leaves no empty or partial
+    store behind. A store that was there before is left as it is (its own transactions keep it whole)."""
     p = Path(path)
     had_store = (p / "data.mdb").exists()
     before = set(os.listdir(p)) if p.is_dir() else None
-    try:
-        yield
-    except BaseException:
+    outcome = Refusal()
+
+    def undo() -> None:
         if not had_store and before is None:
             shutil.rmtree(p, ignore_errors=True)
         elif not had_store:
             for name in set(os.listdir(p)) - before:
                 target = p / name
                 shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+    try:
+        yield outcome
+    except BaseException:
+        undo()
         raise
+    if outcome.failed:
+        undo()
 
 
 def print_json(obj: Any, as_json: bool = True) -> None:

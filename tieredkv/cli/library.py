@@ -31,8 +31,10 @@ def cmd_solve(a) -> int:
     from tieredkv.library.verifiers import load_verifier
 
     verifier = load_verifier(a.verifier)
-    with nothing_left_if_refused(a.store), open_store(a.store) as store:
+    with nothing_left_if_refused(a.store) as outcome, open_store(a.store) as store:
         result = _library(a, store).solve(a.problem, verifier, deposit=not a.no_deposit)
+        if not result.accepted:
+            outcome.refused()  # NOTE: an unverified answer deposits nothing; a store made for it goes again
     if a.json:
         print_json(result.to_dict())
     else:

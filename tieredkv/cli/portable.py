@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 
-from tieredkv.cli.common import (InputError, fraction, model_arg, nonneg_int, nothing_left_if_refused, open_store,
-                                 print_json, regular_file, store_args)
+from tieredkv.cli.common import (DEFAULT_MODEL, InputError, fraction, model_arg, nonneg_int, nothing_left_if_refused,
+                                 open_store, print_json, regular_file, store_args)
 
 
 def cmd_export(a) -> int:
@@ -43,12 +43,15 @@ def cmd_import(a) -> int:
     from tieredkv.artifacts.portable import import_artifact, read_header
     from tieredkv.progress import count_bar
 
-    path = regular_file(a.file, "artifact file")
     expected_fp = expected_domain = recomputer = None
     if a.verify_recompute is not None and a.model is None:
         raise InputError("--verify-recompute needs --model (the model that recomputes the pages)")
+    if a.seed is not None and a.verify_recompute is None:
+        raise InputError("--seed picks the pages --verify-recompute recomputes: give --verify-recompute FRACTION "
+                         "too, or drop --seed")
     if a.allow_domain_mismatch and a.model is None:
         raise InputError("--allow-domain-mismatch needs --model (the domain to compare with)")
+    path = regular_file(a.file, "artifact file")  # NOTE: after the flags: a usage error is told first
     promise = "not checked (no --model): give --model to compare the artifact's domain with this machine's"
     if a.model is not None:
         from tieredkv.domain import determinism_domain, domain_differences
@@ -67,7 +70,7 @@ def cmd_import(a) -> int:
                                  f"({'; '.join(diffs)}); its pages reproduce only in their own domain")
             from tieredkv.artifacts.recompute import Recomputer
 
-            recomputer = Recomputer(lm, art, a.verify_recompute, seed=a.seed)
+            recomputer = Recomputer(lm, art, a.verify_recompute, seed=a.seed or 0)
     with (nothing_left_if_refused(a.store), open_store(a.store) as store,
           count_bar("import", None, unit="page", quiet=a.quiet) as bar):
         art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
@@ -85,10 +88,13 @@ CHECK_CHILD_ENV = "TIEREDKV_CHECK_CHILD"  # set in the child process that walks 
 def cmd_check(a) -> int:
     """Walk the store in a child process: LMDB checksums nothing, and a damaged page pointer can crash it
     inside the C library (SIGBUS, or an assertion that aborts); the parent turns that into a report."""
+    if a.model is not None and a.recompute is None:  # NOTE: else a user may take the report for a check against it
+        raise InputError("--model is the model --recompute recomputes pages with; check compares no model "
+                         "without it: give --recompute FRACTION too, or drop --model")
     if os.environ.get(CHECK_CHILD_ENV):
         return _check_here(a)
-    argv = ["check", "--store", a.store, "--sample", repr(a.sample), "--seed", str(a.seed), "--model", a.model]
-    argv += [] if a.recompute is None else ["--recompute", repr(a.recompute)]
+    argv = ["check", "--store", a.store, "--sample", repr(a.sample), "--seed", str(a.seed)]
+    argv += [] if a.recompute is None else ["--recompute", repr(a.recompute), "--model", a.model or DEFAULT_MODEL]
     child = subprocess.run([sys.executable, "-m", "tieredkv.cli", *argv], capture_output=True, text=True,
                            env={**os.environ, CHECK_CHILD_ENV: "1"})
     sys.stdout.write(child.stdout)
@@ -114,7 +120,7 @@ def _check_here(a) -> int:
     if a.recompute is not None:
         from tieredkv.models import load_model
 
-        lm = load_model(a.model)
+        lm = load_model(a.model or DEFAULT_MODEL)
     from paging.errors import StoreIntegrityError
 
     opened = False
@@ -153,7 +159,7 @@ def register(sub) -> None:
     i.add_argument("--verify-recompute", type=fraction, metavar="FRACTION",
                    help="recompute this fraction of the pages (seeded sample) with --model and refuse the file if "
                         "one differs: catches a forged artifact, whose hashes all verify")
-    i.add_argument("--seed", type=nonneg_int, default=0, help="which pages --verify-recompute picks")
+    i.add_argument("--seed", type=nonneg_int, help="which pages --verify-recompute picks (default 0)")
     i.add_argument("--quiet", action="store_true")
     i.set_defaults(fn=cmd_import)
 
@@ -165,5 +171,5 @@ def register(sub) -> None:
     c.add_argument("--recompute", type=fraction, metavar="FRACTION",
                    help="also recompute this fraction of each artifact's pages with --model (seeded sample) and "
                         "compare the bytes: catches forged pages, whose hashes all verify")
-    model_arg(c)
+    model_arg(c, default=None, note=f"the model --recompute uses (default {DEFAULT_MODEL})")
     c.set_defaults(fn=cmd_check)
