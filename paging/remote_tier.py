@@ -138,11 +138,9 @@ class RemoteConfig:
                               f"{sorted(_SCHEMES)} (got {cls._redact(url)})")
         scheme, is_cluster = _SCHEMES[parts.scheme]
         query, kw = [], {}
-        given = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
-        twice = next((name for i, name in enumerate(given) if name in given[:i]), None)
-        if twice is not None:  # NOTE: else the last one would silently win (or the redis client would pick one)
-            raise PagingError(f"remote URL parameter {twice!r} is given more than once in {cls._redact(url)}; "
-                              "give it once")
+        twice = _given_twice(parts)
+        if twice is not None:  # NOTE: else one of the two would win without a word (a push to the wrong db)
+            raise PagingError(f"remote URL {cls._redact(url)} gives {twice}; give it once")
         for name, value in parse_qsl(parts.query, keep_blank_values=True):
             if name == "cluster":
                 if value.lower() not in _TRUE | _FALSE:
@@ -191,6 +189,29 @@ class RemoteConfig:
     def safe_url(self) -> str:
         """The URL with any password replaced by ***, for messages and reports."""
         return self._redact(self.url) + (" (cluster)" if self.is_cluster else "")
+
+
+# settings a URL can give under two names: the tier's parameter and the redis client's own
+_SAME_SETTING = (("timeout", "socket_timeout"), ("connect_timeout", "socket_connect_timeout"))
+
+
+def _given_twice(parts) -> str | None:
+    """What a URL sets twice, said for the message: a query parameter repeated, one setting under both
+    of its names, or the db / user / password both in the URL's body and as a parameter. None if nothing."""
+    given = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
+    twice = next((name for i, name in enumerate(given) if name in given[:i]), None)
+    if twice is not None:
+        return f"parameter {twice!r} more than once"
+    for a, b in _SAME_SETTING:
+        if a in given and b in given:
+            return f"one setting as both {a!r} and {b!r}"
+    db_in_path = _SCHEMES[parts.scheme][0] != "unix" and parts.path.strip("/") != ""  # unix: the path is the socket
+    for name, in_body, where in (("db", db_in_path, "the path"),
+                                 ("password", parts.password is not None, "the user part"),
+                                 ("username", parts.username not in (None, ""), "the user part")):
+        if name in given and in_body:
+            return f"{name!r} both in {where} and as a parameter"
+    return None
 
 
 def _connect(config: RemoteConfig):

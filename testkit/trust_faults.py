@@ -595,7 +595,11 @@ def _more_bad_cli_inputs(tmp_path: Path, store: Path) -> dict[str, tuple[list[st
         "check --model without --recompute": (["check", "--store", str(store), "--model", "tiny-qwen2"], "InputError",
                                               "give --recompute FRACTION too"),
         "remote URL parameter twice": (ping + ["redis://127.0.0.1:1/0?retries=0&retries=5"], "PagingError",
-                                       "given more than once"),
+                                       "'retries' more than once"),
+        "remote URL db in the path and the query": (ping + ["redis://127.0.0.1:1/5?db=3"], "PagingError",
+                                                    "'db' both in the path and as a parameter"),
+        "remote URL timeout under two names": (ping + ["redis://127.0.0.1:1/0?timeout=1&socket_timeout=9"],
+                                               "PagingError", "both 'timeout' and 'socket_timeout'"),
     }
 
 

@@ -51,6 +51,14 @@ def test_a_crash_in_the_child_is_one_line_naming_check(tmp_path, signame):
     assert f"`tieredkv check --store {store}` reports what is damaged" in err
 
 
+def test_the_crash_line_names_the_store_argparse_used(tmp_path):
+    hook = "import os, signal\nos.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGBUS))\n"
+    spaced = tmp_path / "my store"
+    code, _, err = _done(_tieredkv(["library", "list", "--store", "elsewhere", f"--store={spaced}"], hook, tmp_path))
+    assert code == 2 and "tieredkv library list crashed (SIGBUS)" in err
+    assert f"`tieredkv check --store '{spaced}'` reports" in err  # the last one, quoted to paste
+
+
 def test_a_child_the_kernel_killed_is_one_line_naming_memory(tmp_path):
     hook = "import os, signal\nos.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
     code, out, err = _done(_tieredkv(["stats", "--store", str(tmp_path)], hook, tmp_path))
@@ -60,29 +68,61 @@ def test_a_child_the_kernel_killed_is_one_line_naming_memory(tmp_path):
 def test_status_and_output_pass_through(tmp_path):
     code, out, err = _done(_tieredkv(["--help"], None, tmp_path))
     assert code == 0 and "usage: tieredkv" in out and err == ""
+    code, out, err = _done(_tieredkv(["--version"], None, tmp_path))
+    assert code == 0 and out.startswith("tieredkv 0.") and err == ""
     missing = tmp_path / "nowhere"
     code, out, err = _done(_tieredkv(["stats", "--store", str(missing)], None, tmp_path))
     assert code == 2 and out == "" and is_one_line_error(err)
     assert err.startswith(f"tieredkv: error: InputError: --store {missing} does not exist")
 
 
-def test_sigterm_reaches_the_child_and_nothing_is_left_running(tmp_path):
+def test_a_failed_last_write_of_the_output_is_an_error(tmp_path):
+    with open("/dev/full", "w") as full:  # the output stays buffered until the child flushes it at exit
+        proc = subprocess.Popen([sys.executable, "-m", "tieredkv", "--help"], stdout=full, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": ""})
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and is_one_line_error(err)  # was: exit 0, the output lost
+    assert "No space left on device" in err
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith(("Z", "X"))
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _long_running(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """A `tieredkv verify` that would run for minutes, and its child's pid once the child is at work."""
     ready = tmp_path / "child-pid"
-    hook = ("import os, time\n"
-            "def _wait():\n"
-            f"    open({str(ready)!r} + '.tmp', 'w').write(str(os.getpid())); os.rename({str(ready)!r} + '.tmp', "
-            f"{str(ready)!r})\n"
-            "    time.sleep(60)\n"
-            "os.register_at_fork(after_in_child=_wait)\n")
-    proc = _tieredkv(["stats", "--store", str(tmp_path)], hook, tmp_path)
+    hook = ("import os\n"
+            f"os.register_at_fork(after_in_child=lambda: open({str(ready)!r}, 'w').write(str(os.getpid())))\n")
+    proc = _tieredkv(["verify", "--model", "tiny-llama", "--samples", "100000", "--tokens", "16", "--continuation",
+                      "2", "--quiet"], hook, tmp_path)
     deadline = time.monotonic() + 60
-    while not ready.exists():
+    while not ready.exists() or not ready.read_text():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     child = int(ready.read_text())
-    time.sleep(0.5)  # the parent installs its handlers right after fork
+    time.sleep(2)  # past the fork: the parent's handlers and the child's death signal are in place
+    assert not _pid_gone(child) and proc.poll() is None
+    return proc, child
+
+
+def test_a_child_whose_parent_was_killed_stops_too(tmp_path):
+    """SIGKILL cannot be forwarded: the child asks the kernel for SIGTERM when its parent dies."""
+    proc, child = _long_running(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while not _pid_gone(child):  # was: the child ran on, orphaned, and wrote its result later
+        assert time.monotonic() < deadline, "the child outlived its killed parent"
+        time.sleep(0.1)
+
+
+def test_sigterm_reaches_the_child_and_nothing_is_left_running(tmp_path):
+    proc, child = _long_running(tmp_path)
     proc.send_signal(signal.SIGTERM)
     code, out, err = _done(proc)
     assert code == 128 + signal.SIGTERM and err == ""  # ended as the shell reports it, no error line
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)  # the child is gone (reaped), not orphaned
+    assert _pid_gone(child)  # the child is gone (reaped), not orphaned

@@ -209,9 +209,12 @@ def test_cli_add_solve_list(tmp_path, capsys):
     assert "SolutionRejectedError" in capsys.readouterr().err
     key = tmp_path / "key.json"
     key.write_text(json.dumps({"What is 12 + 7?": "an answer no model gives"}))
-    assert main(["library", "solve", *base, "--problem", "What is 12 + 7?", "--verifier", f"answer-key:{key}"]) == 1
-    assert "NOT verified" in capsys.readouterr().err
-    assert not (tmp_path / "kv").exists()  # an unverified solve leaves no store (was: a store holding nothing)
+    deep = ["--model", "tiny-llama", "--store", str(tmp_path / "new" / "deep" / "kv")]
+    for args in (base, deep):
+        assert main(["library", "solve", *args, "--problem", "What is 12 + 7?", "--verifier", f"answer-key:{key}"]) == 1
+        assert "NOT verified" in capsys.readouterr().err
+    # an unverified solve leaves no store (was: a store holding nothing), nor the directories made for it
+    assert not (tmp_path / "kv").exists() and not (tmp_path / "new").exists()
     assert main(["library", "add", *base, "--problem", "What is 12 + 7?", "--solution", "19",
                  "--verifier", "arithmetic"]) == 0
     added = json.loads(capsys.readouterr().out)

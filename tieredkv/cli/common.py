@@ -73,11 +73,14 @@ def nothing_left_if_refused(path: str) -> Iterator[Refusal]:
     p = Path(path)
     had_store = (p / "data.mdb").exists()
     before = set(os.listdir(p)) if p.is_dir() else None
+    top = p  # the outermost directory the command may create: `--store new/deep/kv` makes new/ too
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
     outcome = Refusal()
 
     def undo() -> None:
         if not had_store and before is None:
-            shutil.rmtree(p, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
         elif not had_store:
             for name in set(os.listdir(p)) - before:
                 target = p / name

@@ -111,7 +111,10 @@ def cmd_stats(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tieredkv import __version__
+
     p = OneLineParser(prog="tieredkv", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"tieredkv {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("deposit", help="prefill a text once and keep it as byte-exact KV pages")
