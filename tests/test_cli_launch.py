@@ -57,6 +57,8 @@ def test_the_crash_line_names_the_store_argparse_used(tmp_path):
     code, _, err = _done(_tieredkv(["library", "list", "--store", "elsewhere", f"--store={spaced}"], hook, tmp_path))
     assert code == 2 and "tieredkv library list crashed (SIGBUS)" in err
     assert f"`tieredkv check --store '{spaced}'` reports" in err  # the last one, quoted to paste
+    code, _, err = _done(_tieredkv(["qa", "--question", "What?"], hook, tmp_path))
+    assert code == 2 and "on qa's default store (stores/MODEL under $TIEREDKV_CACHE" in err  # qa names its own
 
 
 def test_a_child_the_kernel_killed_is_one_line_naming_memory(tmp_path):

@@ -178,7 +178,9 @@ def crash_line(signame: str, argv: list[str]) -> str:
     store = _store(argv)
     where = (f"`tieredkv check --store {shlex.quote(store)}` reports what is damaged; then restore the store from "
              "a backup or re-deposit its artifacts into a new one") if store is not None else \
-        "if it read a store, `tieredkv check --store DIR` reports what is damaged"
+        ("`tieredkv check --store DIR` on qa's default store (stores/MODEL under $TIEREDKV_CACHE, else "
+         "~/.cache/tieredkv) reports what is damaged; move that store aside and qa ingests the document again") \
+        if _command(argv) == "qa" else "if it read a store, `tieredkv check --store DIR` reports what is damaged"
     return (f"tieredkv: error: tieredkv {_command(argv)} crashed ({signame}) inside a native library. A damaged "
             f"store is the known cause (LMDB checksums nothing, and a bad page pointer makes it read where no page "
             f"is): {where}. Otherwise run it again as `python -X faulthandler -m tieredkv.cli ...` to see where, "
