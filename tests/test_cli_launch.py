@@ -128,3 +128,12 @@ def test_sigterm_reaches_the_child_and_nothing_is_left_running(tmp_path):
     code, out, err = _done(proc)
     assert code == 128 + signal.SIGTERM and err == ""  # ended as the shell reports it, no error line
     assert _pid_gone(child)  # the child is gone (reaped), not orphaned
+
+
+def test_the_launcher_forks_before_torch_is_imported(tmp_path):
+    """The fork is safe only while the process has one thread; importing torch starts one. If an import
+    crept into tieredkv.launch, the launcher would run the CLI without its guard (threads > 1)."""
+    probe = "import os, sys, tieredkv.launch; print('torch' in sys.modules, len(os.listdir('/proc/self/task')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    assert out == ["False", "1"]
