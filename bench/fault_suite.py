@@ -114,7 +114,7 @@ STEP_INPUTS = {
     "disk full": ["template/data.mdb", "big/data.mdb", "big.tkva"], "map full": ["template/data.mdb", "big.tkva"],
     "stale readers": ["template/data.mdb"], "fuzz": ["small.tkva"], "meta flips": ["template/data.mdb"],
     "tree flips": ["template/data.mdb"], "store truncations": ["template/data.mdb"],
-    "lock deleted": ["template/data.mdb"], "damaged keys": ["template/data.mdb"], "forgeries": ["small/data.mdb"],
+    "lock deleted": ["template/data.mdb"], "damaged keys": ["template/data.mdb"], "forgeries": ["small/data.mdb", "small.tkva"],
     "export targets": ["small/data.mdb"], "bad input": ["small/data.mdb"],
 }
 

@@ -136,3 +136,21 @@ def test_case11_a_store_under_a_read_only_directory(tmp_path):
         subprocess.run(["umount", str(ro)], check=True)
     line = _one_line(result, "tieredkv: error: PagingError: cannot open store")
     assert "Read-only file system" in line
+
+
+def test_a_refused_command_removes_only_what_it_made(tmp_path):
+    """`--store out/a` made out/ too; another command made out/b meanwhile: out/b stays (was: out/ removed)."""
+    from tieredkv.cli.common import nothing_left_if_refused
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError):
+        with nothing_left_if_refused(str(out / "a")):
+            (out / "a").mkdir(parents=True)
+            (out / "b").mkdir()
+            raise RuntimeError("refused")
+    assert not (out / "a").exists() and (out / "b").is_dir()
+    with pytest.raises(RuntimeError):
+        with nothing_left_if_refused(str(out / "x" / "y" / "z")):
+            (out / "x" / "y" / "z").mkdir(parents=True)
+            raise RuntimeError("refused")
+    assert sorted(os.listdir(out)) == ["b"]  # x/y/z and the x/, x/y/ made for it are gone

@@ -31,9 +31,12 @@ def run() -> None:
     # NOTE: a SIGTERM between fork and the parent's handlers would end the parent alone and orphan the
     # child: hold the forwarded signals until the handlers are in place (the child restores its mask)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    on_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child handles Ctrl-C ("interrupted", 130)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # NOTE: inherited as ignored, the child would be reaped unseen
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        signal.signal(signal.SIGINT, on_int)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _child(argv, parent)
     sys.exit(_parent(pid, argv, mask))
@@ -128,13 +131,14 @@ def _parent(pid: int, argv: list[str], mask) -> int:
             pass
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child handles Ctrl-C ("interrupted", 130)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
             break
-        except ChildProcessError:
+        except ChildProcessError:  # cannot happen with SIGCHLD at its default; said, not silent, if it does
+            _say(f"tieredkv: error: tieredkv {_command(argv)}: its process ended unseen (no exit status); run it "
+                 "again")
             return 2
         except InterruptedError:
             continue

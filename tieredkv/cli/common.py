@@ -73,14 +73,21 @@ def nothing_left_if_refused(path: str) -> Iterator[Refusal]:
     p = Path(path)
     had_store = (p / "data.mdb").exists()
     before = set(os.listdir(p)) if p.is_dir() else None
-    top = p  # the outermost directory the command may create: `--store new/deep/kv` makes new/ too
-    while not top.parent.exists() and top.parent != top:
-        top = top.parent
+    made = []  # the parents the command may create (`--store new/deep/kv` makes new/ and deep/), innermost first
+    parent = p.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        made.append(parent)
+        parent = parent.parent
     outcome = Refusal()
 
     def undo() -> None:
         if not had_store and before is None:
-            shutil.rmtree(top, ignore_errors=True)
+            shutil.rmtree(p, ignore_errors=True)
+            for d in made:  # NOTE: only if empty: another command may have made a store beside ours meanwhile
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    break
         elif not had_store:
             for name in set(os.listdir(p)) - before:
                 target = p / name
