@@ -114,7 +114,8 @@ STEP_INPUTS = {
     "disk full": ["template/data.mdb", "big/data.mdb", "big.tkva"], "map full": ["template/data.mdb", "big.tkva"],
     "stale readers": ["template/data.mdb"], "fuzz": ["small.tkva"], "meta flips": ["template/data.mdb"],
     "tree flips": ["template/data.mdb"], "store truncations": ["template/data.mdb"],
-    "lock deleted": ["template/data.mdb"], "damaged keys": ["template/data.mdb"], "forgeries": ["small/data.mdb", "small.tkva"],
+    "lock deleted": ["template/data.mdb"], "damaged keys": ["template/data.mdb"],
+    "forgeries": ["small/data.mdb", "small.tkva"],
     "export targets": ["small/data.mdb"], "bad input": ["small/data.mdb"],
 }
 
@@ -524,7 +525,8 @@ def tree_flips(world: World, n: int, rng: random.Random) -> dict[str, Any]:
         page = rng.randrange(2, last)
         flips.append((page * tf.PAGE + (rng.randrange(64) if i % 2 else rng.randrange(tf.PAGE)), rng.randrange(8)))
         results.append(tf.tree_flip_run(
-            world.runner, template, work, lambda w, o=flips[-1][0], b=flips[-1][1]: tf.flip_byte_bit(w / "data.mdb", o, b),
+            world.runner, template, work,
+            lambda w, o=flips[-1][0], b=flips[-1][1]: tf.flip_byte_bit(w / "data.mdb", o, b),
             expected))
     loads: dict[str, int] = {}
     for r in results:
@@ -732,8 +734,8 @@ def render(report: dict[str, Any]) -> str:
     all_ok = all(r["ok"] == r["tries"] and r["lost"] == 0 for r in report["rows"])
     inputs = report.get("inputs")
     inputs_text = ("Inputs: the fixtures are made from seeded text by the model (two runs on this machine made "
-                   "the same bytes): " + ", ".join(f"`{k}` {v[:12]}…" for k, v in inputs.items()) + " (SHA-256; in full in the JSON, "
-                   "where each row also names the fixtures it read). Each step draws its injections from its own "
+                   "the same bytes): " + ", ".join(f"`{k}` {v[:12]}…" for k, v in inputs.items()) +
+                   " (SHA-256; in full in the JSON, where each row also names the fixtures it read). Each step draws its injections from its own "
                    "seeded stream (`seed:step`), so a row repeats run to run; the fuzz step's count is bounded by "
                    "time." if inputs else "Inputs: this run recorded no fixture hashes.")
     return f"""# Reliability

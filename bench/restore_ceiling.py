@@ -42,6 +42,7 @@ every measurement once, in the same order, so a busy neighbour slows ceilings an
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import mmap
 import os
@@ -87,11 +88,16 @@ def parse_args() -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- ceilings
+def sha256_each(pool: ThreadPoolExecutor, pieces) -> list[bytes]:
+    """hashlib over each piece, on the pool's threads (hashlib releases the GIL on large buffers)."""
+    return list(pool.map(lambda b: hashlib.sha256(b).digest(), pieces))
+
+
 def sha256_all_cores(buf: memoryview, chunk: int, workers: int) -> Callable[[], None]:
     """hashlib over `buf` in `chunk`-byte pieces (one page each), `workers` threads."""
     pieces = [buf[i:i + chunk] for i in range(0, len(buf), chunk)]
     pool = ThreadPoolExecutor(max_workers=workers)
-    return lambda: list(pool.map(lambda b: hashlib.sha256(b).digest(), pieces))
+    return lambda: sha256_each(pool, pieces)
 
 
 def sha256_then_copy(src: torch.Tensor, dst: torch.Tensor, layout, page_size: int, workers: int
@@ -112,11 +118,11 @@ def sha256_then_copy(src: torch.Tensor, dst: torch.Tensor, layout, page_size: in
     return lambda: list(pool.map(one, range(n // page_size)))
 
 
-def restore_split(path: str, keys: list[str], buffer: torch.Tensor, workers: int) -> dict[str, float]:
+def restore_split(path: str, keys: list[str], buffer: torch.Tensor, workers: int, pool: ThreadPoolExecutor
+                  ) -> dict[str, float]:
     """Seconds of the restore alone, of verifying the same LMDB values in place with nothing copied,
-    and of hashing each value bare (no header parsed), from one store whose host tier is empty."""
+    and of hashing each value bare (no header parsed, on `pool`), from one store whose host tier is empty."""
     out = {}
-    pool = ThreadPoolExecutor(max_workers=workers)
     store = open_store(path, host=False)
     try:
         verify_stored(store, keys, workers=workers)  # untimed: the map touched, the store's hash threads started,
@@ -130,12 +136,11 @@ def restore_split(path: str, keys: list[str], buffer: torch.Tensor, workers: int
             verify_stored(store, keys, workers=workers)
         out["verify_in_place"] = t["s"]
         with timed() as t, store.lmdb_tier.views(keys) as raws:
-            list(pool.map(lambda b: hashlib.sha256(b).digest(), raws))
+            sha256_each(pool, raws)
             del raws  # NOTE: no view of the map outlives the read transaction
         out["bare_hash_lmdb"] = t["s"]
     finally:
         store.close()
-        pool.shutdown()
     return out
 
 
@@ -346,9 +351,8 @@ def main() -> None:
         other["sha256_mmap_copy"][:] = src.numpy().tobytes()
         other = {k: sha256_all_cores(memoryview(v).cast("B"), page_bytes, args.workers) for k, v in other.items()}
         sha_copy = sha256_then_copy(src, dst, layout, page_size, args.workers)
-        t = {k: [] for k in ("sha256_all_cores", "sha256_then_copy", "memcpy_prealloc", "memcpy_fresh", "lmdb",
-                             "host", "lmdb_fresh", "host_fresh", "restore_alone", "verify_in_place", "bare_hash_lmdb",
-                             "sha256_numpy_copy", "sha256_mmap_copy")}
+        t: dict[str, list[float]] = collections.defaultdict(list)  # figure -> seconds, one per repeat
+        split_pool = ThreadPoolExecutor(max_workers=args.workers)
         checks: dict[str, Any] = {}
         for r in range(args.repeats + 1):  # repeat 0 warms up and checks the logits; not timed
             print(f"# restore repeat {r}/{args.repeats} ...", file=sys.stderr)
@@ -378,7 +382,7 @@ def main() -> None:
                     outputs[f"graft ({name}) first-token logits"] = got = sha256_tensor(logits)
                     checks[name] = {"logits_sha256_equal_recompute": got == ref_sha, **info}
                 del cache
-            for name, secs in restore_split(store_dir, list(art.page_keys), buffer, args.workers).items():
+            for name, secs in restore_split(store_dir, list(art.page_keys), buffer, args.workers, split_pool).items():
                 t[name].append(secs)
         t = {k: v[1:] for k, v in t.items()}
         # the ceiling the targets hold against: per repeat, the fastest SHA-256 of these bytes, in any of

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# what to do with a store whose structures or bookkeeping were damaged on disk
+REBUILD_HINT = "restore the store from a backup, or re-import or re-deposit its artifacts into a new store"
+
 
 class PagingError(Exception):
     """Base class of every error raised by `paging`."""

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import lmdb
 
-from .errors import (CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
+from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
                      StoreCorruptedError, StoreFullError, StoreIntegrityError)
 from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
@@ -44,9 +44,8 @@ _DISK_SLACK = 16 << 20  # free bytes under which an I/O error means "disk full"
 _MIN_DATA_NBYTES = 2 * 4096  # LMDB's two meta pages
 _EXTEND_PIECE = 1 << 20  # zeros written past the end of data.mdb in pieces of this size (see _extend_file)
 _EXTEND_SLACK = 64 << 10  # plus 1/64 of the values: room for the B-tree pages a transaction adds
-_RESTORE_HINT = ("restore the store from a backup, or re-import or re-deposit its artifacts into a new store; if "
-                 "this state is intended (an older backup put back on purpose), delete its tieredkv.commit "
-                 "file to accept it as it is")
+_RESTORE_HINT = (f"{REBUILD_HINT}; if this state is intended (an older backup put back on purpose), delete "
+                 "its tieredkv.commit file to accept it as it is")
 
 
 _PAGE_KEY = re.compile(rb"[0-9a-f]{64}")
@@ -73,8 +72,7 @@ _DAMAGED_AT_OPEN = _DAMAGED + (lmdb.MapResizedError, lmdb.MemoryError)
 
 def _damaged(path: str, exc: lmdb.Error) -> StoreCorruptedError:
     return StoreCorruptedError(f"LMDB finds store {path} damaged ({exc}): a B-tree or meta page of data.mdb "
-                               f"was altered — restore the store from a backup, or re-import or re-deposit its "
-                               f"artifacts into a new store")
+                               f"was altered — {REBUILD_HINT}")
 
 
 def _key_text(raw: bytes) -> str:
@@ -599,8 +597,7 @@ class LMDBTier(Tier):
         if not (isinstance(raw, bytes) and raw.isdigit() and len(raw) < 20):
             raise StoreCorruptedError(
                 f"store {self.path}: its payload byte counter ({_PAYLOAD_NBYTES.decode()}) reads {raw[:40]!r}, not a "
-                f"count: the store's bookkeeping was altered — re-import or re-deposit its artifacts into a new "
-                f"store")
+                f"count: the store's bookkeeping was altered — {REBUILD_HINT}")
         return int(raw)
 
     @property

@@ -80,9 +80,14 @@ def cli_many(*commands: list[str], timeout: int = 240) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def one_line(err: str) -> bool:
+    """stderr that holds exactly one error line and no traceback."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    return len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in err
+
+
 def is_one_line_error(result: dict) -> bool:
-    lines = [line for line in result["err"].splitlines() if line.strip()]
-    return result["rc"] == 2 and len(lines) == 1 and ": error: " in lines[0] and "Traceback" not in result["err"]
+    return result["rc"] == 2 and one_line(result["err"])
 
 
 # ----------------------------------------------------------------------------- audit in a child
@@ -603,7 +608,8 @@ def _more_bad_cli_inputs(tmp_path: Path, store: Path) -> dict[str, tuple[list[st
     }
 
 
-__all__ = ["call", "cli_many", "is_one_line_error", "damaged_store_run", "lock_deleted_run", "key_offsets",
+__all__ = ["call", "cli_many", "one_line", "is_one_line_error",
+           "damaged_store_run", "lock_deleted_run", "key_offsets",
            "damaged_key_target", "tampered_manifests", "manifest_run", "forge_file", "forged_import_run",
            "special_targets", "node_kind", "current_meta_offset", "flip_byte_bit", "artifact_roots",
            "bad_cli_inputs"]

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from testkit.trust_faults import one_line
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def is_one_line_error(err: str) -> bool:
+    return one_line(err) and err.startswith("tieredkv: error: ")
 
 
 def _tieredkv(args: list[str], hook: str | None, tmp_path: Path, **kw) -> subprocess.Popen:
@@ -28,11 +34,6 @@ def _tieredkv(args: list[str], hook: str | None, tmp_path: Path, **kw) -> subpro
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return subprocess.Popen([sys.executable, "-m", "tieredkv", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
-
-
-def is_one_line_error(err: str) -> bool:
-    lines = [line for line in err.splitlines() if line.strip()]
-    return len(lines) == 1 and lines[0].startswith("tieredkv: error: ") and "Traceback" not in err
 
 
 def _done(proc: subprocess.Popen) -> tuple[int, str, str]:

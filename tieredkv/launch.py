@@ -79,8 +79,9 @@ def _child(argv: list[str], parent: int) -> None:
         os._exit(_flush_output(code))
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):  # None where the descriptor was closed (`>&-`)
+def _flush(*streams) -> None:
+    """Flush `streams` (stdout and stderr if none named), whatever fails."""
+    for stream in streams or (sys.stdout, sys.stderr):  # None where the descriptor was closed (`>&-`)
         if stream is not None:
             try:
                 stream.flush()
@@ -100,13 +101,8 @@ def _flush_output(code: int) -> int:
         from tieredkv.cli.main import error_line
 
         code = 2
-        if sys.stderr is not None:
-            print(error_line(exc), file=sys.stderr)
-    try:
-        if sys.stderr is not None:
-            sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+        _say(error_line(exc))
+    _flush(sys.stderr)
     return code
 
 

@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
 from paging.restore import Restored
-from paging.errors import CorruptPageError, ManifestNotFoundError, StoreCorruptedError
+from paging.errors import REBUILD_HINT, CorruptPageError, ManifestNotFoundError, StoreCorruptedError
 from tieredkv import attention
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
@@ -81,7 +81,7 @@ def store_fingerprint(store) -> str | None:
     if recorded is not None and not _SHA256_HEX.fullmatch(recorded):
         raise StoreCorruptedError(
             f"store {store.path} records model fingerprint {recorded[:40]!r}, which is not a SHA-256 hex digest: "
-            f"its meta was altered on disk — re-import or re-deposit its artifacts into a new store")
+            f"its meta was altered on disk — {REBUILD_HINT}")
     return recorded
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from paging import PageStore
-from paging.errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, StoreCorruptedError
+from paging.errors import REBUILD_HINT, CorruptPageError, ManifestNotFoundError, PageNotFoundError, StoreCorruptedError
 from tieredkv.artifacts.artifact import store_fingerprint
 from tieredkv.artifacts.manifest import ManifestIntegrityError, parse_manifest, verify_artifact
 
@@ -139,7 +139,6 @@ def _hint(healthy: bool, damage: list[str], forged: list[str]) -> str:
         return (f"{len(forged)} artifacts hold pages that do not reproduce with this model in their own domain "
                 "(forged, or made by other software): do not graft them; delete them and deposit them again")
     if damage:
-        return ("the store does not match its commit record: nothing more is written to it — restore it from a "
-                "backup, or re-import or re-deposit its artifacts into a new store")
+        return f"the store does not match its commit record: nothing more is written to it — {REBUILD_HINT}"
     return ("corrupt bytes were quarantined and will not be served; re-import the affected artifacts from "
             "a verified file (`tieredkv import`) or deposit them again")

@@ -140,29 +140,20 @@ def int_between(minimum: int, maximum: int):
     return parse
 
 
-def model_name(text: str) -> str:
-    """An argparse type: a built-in model name or a model directory; a blank one is refused (it would
-    name the current directory)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must name a model (smollm2, tiny-llama, ...) or a model directory, got "
-                                         f"{text!r}")
-    return text
+def _not_blank(message: str):
+    """An argparse type: any text that is not empty or blank; `message` ({text} the text given) otherwise."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(message.format(text=repr(text)))
+        return text
+    return parse
 
 
-def artifact_ref(text: str) -> str:
-    """An argparse type: an artifact id or prefix; an empty one (which would match every artifact) is refused."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must be an artifact id or a prefix of one (`tieredkv stats` lists them), "
-                                         "got an empty one")
-    return text
-
-
-def store_path(text: str) -> str:
-    """An argparse type: a store directory; an empty or blank path (which would be the current
-    directory, or a directory named by spaces) is refused."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"must name a directory, got {text!r}")
-    return text
+# a blank model would name the current directory, a blank artifact prefix match every artifact, and a blank
+# store be the current directory (or a directory named by spaces)
+model_name = _not_blank("must name a model (smollm2, tiny-llama, ...) or a model directory, got {text}")
+artifact_ref = _not_blank("must be an artifact id or a prefix of one (`tieredkv stats` lists them), got an empty one")
+store_path = _not_blank("must name a directory, got {text}")
 
 
 def fraction(text: str) -> float:

@@ -103,11 +103,17 @@ def cmd_check(a) -> int:
         return child.returncode
     name = signal.Signals(-child.returncode).name
     said = " ".join((child.stderr.strip().splitlines() or [""])[-1].split())[:200]
-    print_json({"store": a.store, "healthy": False, "opened": None, "store_damage": [  # (open may have crashed)
-        f"LMDB crashed ({name}{': ' + said if said else ''}) while reading {a.store}/data.mdb: a page pointer or "
-        f"page of the file was altered, so the library read where no page is (LMDB checksums nothing)"],
-        "hint": "the store cannot be read to the end; restore it from a backup, or re-import or re-deposit its "
-                "artifacts into a new store"})
+    return _unreadable(a.store, None, f"LMDB crashed ({name}{': ' + said if said else ''}) while reading "
+                       f"{a.store}/data.mdb: a page pointer or page of the file was altered, so the library read "
+                       "where no page is (LMDB checksums nothing)")  # (opened None: the open may have crashed)
+
+
+def _unreadable(store: str, opened: bool | None, damage: str) -> int:
+    """check's report on a store it could not read (to the end, once opened): exit 1."""
+    from paging.errors import REBUILD_HINT
+
+    print_json({"store": store, "healthy": False, "opened": opened, "store_damage": [damage],
+                "hint": f"the store cannot be read{'' if opened is False else ' to the end'}; {REBUILD_HINT}"})
     return 1
 
 
@@ -134,10 +140,7 @@ def _check_here(a) -> int:
             report = check_store(store, sample=a.sample, seed=a.seed,
                                  recompute=None if lm is None else (lm, a.recompute))
     except StoreIntegrityError as exc:  # too damaged to open or to walk (truncated, a broken tree): a report
-        print_json({"store": a.store, "healthy": False, "opened": opened, "store_damage": [" ".join(str(exc).split())],
-                    "hint": "the store cannot be read" + (" to the end" if opened else "") + "; restore it from a "
-                            "backup, or re-import or re-deposit its artifacts into a new store"})
-        return 1
+        return _unreadable(a.store, opened, " ".join(str(exc).split()))
     print_json(report)
     return 0 if report["healthy"] else 1
 
