@@ -3,19 +3,20 @@
 Knows tensors and bytes, never models: it must not import tieredkv, transformers or index.
 """
 
-from .device_tier import DeviceTier
-from .errors import (CorruptPageError, LayoutMismatchError, ManifestNotFoundError,
-                     PageConflictError, PageNotFoundError, PagingError, StoreFullError)
-from .host_tier import HostTier
-from .layout import PageLayout
-from .lmdb_tier import LMDBTier
-from .page import FORMAT_VERSION, ROOT_KEY, Page, page_key
-from .policy import LRUPolicy
-from .remote_tier import (RemoteConfig, RemoteError, RemoteTier, RemoteTierWarning,
-                          RemoteUnavailableError)
-from .store import PageStore, StoreConfig
-from .tier import Tier
-from .writer import PageWriter
+import importlib
+from typing import Any
+
+# NOTE: names resolve on first use, so that `paging.errors` (all the CLI needs to build its parser) does not
+# import torch; `from paging import PageStore` works as before
+_EXPORTS = {
+    "DeviceTier": "device_tier", "HostTier": "host_tier", "PageLayout": "layout", "LMDBTier": "lmdb_tier",
+    "FORMAT_VERSION": "page", "ROOT_KEY": "page", "Page": "page", "page_key": "page", "LRUPolicy": "policy",
+    "RemoteConfig": "remote_tier", "RemoteError": "remote_tier", "RemoteTier": "remote_tier",
+    "RemoteTierWarning": "remote_tier", "RemoteUnavailableError": "remote_tier", "PageStore": "store",
+    "StoreConfig": "store", "Tier": "tier", "PageWriter": "writer",
+    **{name: "errors" for name in ("CorruptPageError", "LayoutMismatchError", "ManifestNotFoundError",
+                                   "PageConflictError", "PageNotFoundError", "PagingError", "StoreFullError")},
+}
 
 __all__ = [
     "CorruptPageError", "DeviceTier", "FORMAT_VERSION", "HostTier", "LMDBTier",
@@ -24,3 +25,9 @@ __all__ = [
     "RemoteConfig", "RemoteError", "RemoteTier", "RemoteTierWarning", "RemoteUnavailableError",
     "StoreConfig", "StoreFullError", "Tier", "page_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -138,3 +138,19 @@ def test_the_launcher_forks_before_torch_is_imported(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
     assert out == ["False", "1"]
+
+
+@pytest.mark.parametrize("args", [["--version"], ["qa", "--help"], ["qa", "--local-pages", "0"],
+                                  ["graft", "--store", "no/such/store", "--artifact", "x", "--prompt", "p"],
+                                  ["check", "--store", "no/such/store"]])
+def test_help_usage_errors_and_a_missing_store_import_no_torch(args, tmp_path):
+    """Building the parser and refusing a missing store import neither torch nor transformers (2.7 s on
+    this VM): `--help` and a mistyped command answer at once, and check's outer process stays small."""
+    probe = ("import sys, runpy; sys.argv = ['tieredkv', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('tieredkv.cli', run_name='__main__')\n"
+             "except SystemExit as exc:\n    code = exc.code\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'numpy', 'lmdb') if m in sys.modules), code, "
+             "file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stderr.splitlines()[-1] == f"[] {0 if args[-1] in ('--version', '--help') else 2}", done.stderr

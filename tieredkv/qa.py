@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from tieredkv.artifacts.artifact import Artifact
 from tieredkv.tiered_config import AUTO, ReadingConfig, TieredConfig
+
+if TYPE_CHECKING:  # NOTE: at run time it imports torch and transformers, which `tieredkv --help` must not wait for
+    from tieredkv.artifacts.artifact import Artifact
 
 DEFAULT_MAX_NEW_TOKENS = 48
 # How a question reads a document longer than the model's window (measured: bench/longdoc_qa.py);

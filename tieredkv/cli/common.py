@@ -42,16 +42,23 @@ def open_store(path: str, *, must_exist: bool = False, **kw):
     creating an empty store at a mistyped path.
     """
     from paging import PageStore, StoreConfig
+
+    if must_exist:
+        require_store(path)
+    kw.setdefault("remote_from_env", True)
+    return PageStore(path, StoreConfig(**kw))
+
+
+def require_store(path: str) -> None:
+    """Refuse a path that holds no store (cheap: nothing heavy is imported)."""
     from paging.commit_record import RECORD_NAME
 
     # a commit record without data.mdb is a store whose data is gone: PageStore says so (StoreIntegrityError)
-    if must_exist and not (Path(path) / "data.mdb").is_file() and not (Path(path) / RECORD_NAME).is_file():
+    if not (Path(path) / "data.mdb").is_file() and not (Path(path) / RECORD_NAME).is_file():
         what = ("is a directory without a store (no data.mdb)" if Path(path).is_dir() else
                 "is not a directory (a file, FIFO or device)" if os.path.lexists(path) else "does not exist")
         raise InputError(f"--store {path} {what}; give the directory of an existing store (deposit or import "
                          "creates one)")
-    kw.setdefault("remote_from_env", True)
-    return PageStore(path, StoreConfig(**kw))
 
 
 class Refusal:

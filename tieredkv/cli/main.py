@@ -14,7 +14,7 @@ import sys
 from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, OneLineParser, int_at_least, int_between,
                                  model_arg as _model_arg, nothing_left_if_refused,
                                  open_store as _open_store, positive_int, print_json as _print, read_text_file,
-                                 store_args)
+                                 require_store, store_args)
 from tieredkv.errors import EmptyInputError, TieredKVError
 from paging.errors import PagingError
 
@@ -44,6 +44,7 @@ def cmd_deposit(a) -> int:
 
 
 def cmd_graft(a) -> int:
+    require_store(a.store)  # before torch and the model load for nothing
     import torch
 
     from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact

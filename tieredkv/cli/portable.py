@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from tieredkv.cli.common import (DEFAULT_MODEL, InputError, fraction, model_arg, nonneg_int, nothing_left_if_refused,
-                                 open_store, print_json, regular_file, store_args)
+                                 open_store, print_json, regular_file, require_store, store_args)
 
 
 def cmd_export(a) -> int:
@@ -93,6 +93,7 @@ def cmd_check(a) -> int:
                          "without it: give --recompute FRACTION too, or drop --model")
     if os.environ.get(CHECK_CHILD_ENV):
         return _check_here(a)
+    require_store(a.store)  # here, before a second interpreter starts for nothing
     argv = ["check", "--store", a.store, "--sample", repr(a.sample), "--seed", str(a.seed)]
     argv += [] if a.recompute is None else ["--recompute", repr(a.recompute), "--model", a.model or DEFAULT_MODEL]
     child = subprocess.run([sys.executable, "-m", "tieredkv.cli", *argv], capture_output=True, text=True,
