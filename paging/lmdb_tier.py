@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import threading
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -42,6 +43,7 @@ _KEY_BATCH = 1024
 _MAX_WRITE_ATTEMPTS = 16
 _DISK_SLACK = 16 << 20  # free bytes under which an I/O error means "disk full"
 _MIN_DATA_NBYTES = 2 * 4096  # LMDB's two meta pages
+MAX_MAP_SIZE = sys.maxsize  # py-lmdb takes a size_t; past it a raw OverflowError
 _EXTEND_PIECE = 1 << 20  # zeros written past the end of data.mdb in pieces of this size (see _extend_file)
 _EXTEND_SLACK = 64 << 10  # plus 1/64 of the values: room for the B-tree pages a transaction adds
 _RESTORE_HINT = (f"{REBUILD_HINT}; if this state is intended (an older backup put back on purpose), delete "
@@ -73,6 +75,30 @@ _DAMAGED_AT_OPEN = _DAMAGED + (lmdb.MapResizedError, lmdb.MemoryError)
 def _damaged(path: str, exc: lmdb.Error) -> StoreCorruptedError:
     return StoreCorruptedError(f"LMDB finds store {path} damaged ({exc}): a B-tree or meta page of data.mdb "
                                f"was altered — {REBUILD_HINT}")
+
+
+def _store_path(path: str | os.PathLike) -> str | bytes:
+    """`path` as given, refused if blank (it would open the current directory as the store)."""
+    path = os.fspath(path)
+    if not os.fsdecode(path).strip():
+        raise PagingError(f"store path {path!r} is blank; give the directory of the store (it is created if missing)")
+    return path
+
+
+def _holds_nothing(path: str) -> bool:
+    """No store at `path` yet: no data.mdb, or an empty one (LMDB starts a new store in either)."""
+    data = os.path.join(path, "data.mdb")
+    return not os.path.exists(data) or os.path.getsize(data) == 0
+
+
+def _maps_when_asked_less(path: str) -> bool:
+    """Whether LMDB opens the store at `path` with a small map: if so, the map size asked for was too big for
+    this machine; if not, its meta page asks for a map no machine makes (it was damaged)."""
+    try:
+        lmdb.open(path, map_size=1 << 20, subdir=True, max_dbs=4, readonly=True, lock=False).close()
+    except lmdb.Error:
+        return False
+    return True
 
 
 def _key_text(raw: bytes) -> str:
@@ -112,10 +138,11 @@ class LMDBTier(Tier):
         (commit_record.py). With `allow_damaged=True` (for `check`) a store that does not match its
         record opens read-only in effect: `damage` says what is wrong and every write is refused.
         """
-        if map_size <= 0 or (max_map_size is not None and max_map_size < map_size):
-            raise PagingError(f"need 0 < map_size <= max_map_size, got {map_size}, "
+        top = MAX_MAP_SIZE if max_map_size is None else max_map_size
+        if not 0 < map_size <= top <= MAX_MAP_SIZE:
+            raise PagingError(f"need 0 < map_size <= max_map_size <= {MAX_MAP_SIZE}, got {map_size}, "
                               f"{max_map_size}")
-        self.path = os.path.realpath(os.fspath(path))
+        self.path = os.path.realpath(_store_path(path))
         self.max_map_size = max_map_size
         self.readonly = readonly
         self.verified_reads = 0
@@ -133,6 +160,7 @@ class LMDBTier(Tier):
             _OPEN_PATHS.add(self.path)
         self._env = None
         self._writer: WriterLock | None = None
+        is_new = _holds_nothing(self.path)
         try:
             self._open(map_size, readahead, allow_damaged)
         except BaseException as exc:
@@ -141,17 +169,27 @@ class LMDBTier(Tier):
             if self._env is not None:
                 self._env.close()
             self._unregister()
-            # (a plain lmdb.Error at open: py-lmdb's own check of the file's header, "data format vN")
-            if ((isinstance(exc, _DAMAGED_AT_OPEN) or type(exc) is lmdb.Error)
-                    and os.path.exists(os.path.join(self.path, "data.mdb"))):
-                raise _damaged(self.path, exc) from exc
-            if isinstance(exc, lmdb.Error):
-                raise PagingError(f"cannot open LMDB store {self.path}: {exc}") from exc
-            if isinstance(exc, OSError) and not isinstance(exc, PagingError):
-                raise PagingError(f"cannot open store {self.path}: {exc.strerror or exc} — give a "
-                                  f"directory this process can create and write") from exc
-            raise
+            typed = self._open_error(exc, map_size, is_new)
+            if typed is None:
+                raise
+            raise typed from exc
         self._closed = False
+
+    def _open_error(self, exc: BaseException, map_size: int, is_new: bool) -> PagingError | None:
+        """The typed error for `exc`, raised while opening; None: raise `exc` as it is."""
+        if isinstance(exc, lmdb.MemoryError) and (is_new or _maps_when_asked_less(self.path)):
+            return PagingError(f"this machine cannot map lmdb_map_size={map_size} bytes for store {self.path} "
+                               f"({exc}) — give a smaller lmdb_map_size (the map grows as pages are written)")
+        # (a plain lmdb.Error at open: py-lmdb's own check of the file's header, "data format vN")
+        if ((isinstance(exc, _DAMAGED_AT_OPEN) or type(exc) is lmdb.Error)
+                and os.path.exists(os.path.join(self.path, "data.mdb"))):
+            return _damaged(self.path, exc)
+        if isinstance(exc, lmdb.Error):
+            return PagingError(f"cannot open LMDB store {self.path}: {exc}")
+        if isinstance(exc, OSError) and not isinstance(exc, PagingError):
+            return PagingError(f"cannot open store {self.path}: {exc.strerror or exc} — give a "
+                               f"directory this process can create and write")
+        return None
 
     def _open(self, map_size: int, readahead: bool, allow_damaged: bool) -> None:
         record, self.record_note = read_record(self.path)

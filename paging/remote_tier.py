@@ -28,6 +28,8 @@ from __future__ import annotations
 import itertools
 import math
 import logging
+import re
+import shlex
 import time
 import warnings
 from contextlib import contextmanager
@@ -132,7 +134,7 @@ class RemoteConfig:
     def from_url(cls, url: str) -> "RemoteConfig":
         if not isinstance(url, str) or "://" not in url:
             raise PagingError(f"remote must be a URL like redis://host:6379/0, got {url!r}")
-        parts = urlsplit(url)
+        parts = _split(url)
         if parts.scheme not in _SCHEMES:
             raise PagingError(f"remote URL scheme {parts.scheme!r} is not one of "
                               f"{sorted(_SCHEMES)} (got {cls._redact(url)})")
@@ -175,7 +177,10 @@ class RemoteConfig:
     @staticmethod
     def _redact(url: str) -> str:
         """`url` with the password of its user part and of a ?password= parameter replaced by ***."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # malformed: the whole user part goes, it cannot be told apart
+            return re.sub(r"(?i)(password=)[^&#]*", r"\1***", re.sub(r"//[^/?#]*@", "//***@", url, count=1))
         if parts.password is not None:
             user = parts.username or ""
             parts = parts._replace(netloc=f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}")
@@ -189,6 +194,23 @@ class RemoteConfig:
     def safe_url(self) -> str:
         """The URL with any password replaced by ***, for messages and reports."""
         return self._redact(self.url) + (" (cluster)" if self.is_cluster else "")
+
+
+def _split(url: str):
+    try:
+        return urlsplit(url)
+    except ValueError as exc:  # NOTE: urlsplit checks a [bracketed] host; a bad one is a raw ValueError
+        raise PagingError(f"remote URL {RemoteConfig._redact(url)} is malformed ({exc}); give one like "
+                          f"redis://host:6379/0, an IPv6 host in brackets: redis://[::1]:6379/0") from None
+
+
+def push_command(store_path: str, url: str) -> str:
+    """The command that uploads to `url` what the store at `store_path` could not send (password shown as ***)."""
+    return f"tieredkv remote push --store {shlex.quote(store_path)} --remote {shlex.quote(RemoteConfig._redact(url))}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 # settings a URL can give under two names: the tier's parameter and the redis client's own
@@ -551,10 +573,12 @@ class RemoteLink:
       reads are misses, writes wait in the queue. Nothing unverified is ever returned.
     """
 
-    def __init__(self, config: RemoteConfig, mode: str, load: Callable[[str], Page | None]) -> None:
+    def __init__(self, config: RemoteConfig, mode: str, load: Callable[[str], Page | None], *,
+                 push: str = "tieredkv remote push --store DIR --remote URL") -> None:
+        """`push`: the command that uploads what was not sent (push_command), named in the warning at close."""
         if mode not in REMOTE_MODES:
             raise PagingError(f"remote_mode must be one of {REMOTE_MODES}, got {mode!r}")
-        self.config, self.mode, self._load = config, mode, load
+        self.config, self.mode, self._load, self._push = config, mode, load, push
         self.tier: RemoteTier | None = None
         self._pending: dict[str, None] = {}  # ordered set of page keys not yet sent
         self._pending_manifests: dict[str, bytes] = {}
@@ -586,8 +610,8 @@ class RemoteLink:
         if not self._is_down:
             self._is_down = True
             self.outages += 1
-            warnings.warn(f"{exc} — continuing with the local tiers only; retrying the remote "
-                          f"in {self.config.down_s:g} s", RemoteTierWarning, stacklevel=4)
+            warnings.warn(_one_line(f"{exc} — continuing with the local tiers only; retrying the remote "
+                                    f"in {self.config.down_s:g} s"), RemoteTierWarning, stacklevel=4)
 
     def _call(self, fn: Callable[[RemoteTier], Any], default: Any) -> Any:
         tier = self._available()
@@ -692,10 +716,9 @@ class RemoteLink:
         self._down_until = 0.0  # one last attempt, even inside an outage window
         self.flush()
         if self._pending or self._pending_manifests:
-            warnings.warn(
+            warnings.warn(_one_line(
                 f"{len(self._pending)} pages and {len(self._pending_manifests)} manifests were "
                 f"not written to remote {self.config.safe_url} ({self.last_error}); they are "
-                f"safe in the local store — `tieredkv remote push --store DIR --remote URL` "
-                f"uploads them", RemoteTierWarning, stacklevel=3)
+                f"safe in the local store — `{self._push}` uploads them"), RemoteTierWarning, stacklevel=3)
         if self.tier is not None:
             self.tier.close()

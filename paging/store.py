@@ -31,10 +31,10 @@ from .framing import is_int
 from .errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, PagingError
 from .host_tier import HostTier
 from .layer_reads import LayerDigests
-from .lmdb_tier import LMDBTier
+from .lmdb_tier import MAX_MAP_SIZE, LMDBTier
 from .page import Page
 from .policy import LRUPolicy
-from .remote_tier import REMOTE_MODES, RemoteConfig, RemoteLink, RemoteTier
+from .remote_tier import REMOTE_MODES, RemoteConfig, RemoteLink, RemoteTier, push_command
 from .restore import Restored, restore_pages
 
 REMOTE_ENV = "TIEREDKV_REMOTE"
@@ -42,7 +42,23 @@ REMOTE_ENV = "TIEREDKV_REMOTE"
 _MiB, _GiB = 1 << 20, 1 << 30
 
 
-
+def _check_device(device: str) -> None:
+    """Refuse a device this machine cannot put tensors on, now rather than at the first page read."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise PagingError(f"device {device!r} is not a torch device: {exc}") from None
+    if dev.type == "meta":
+        raise PagingError(f"device {device!r} holds no data, so no page can be read onto it; give a real "
+                          f"device such as 'cpu' or 'cuda'")
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise PagingError(f"device {device!r}: torch finds no CUDA device on this machine (torch "
+                          f"{torch.__version__}); use device='cpu', or a CUDA build of torch on a machine with a GPU")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise PagingError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA devices "
+                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); give one of them")
 
 
 @dataclass(frozen=True)
@@ -80,23 +96,20 @@ class StoreConfig:
         if not (is_int(self.device_budget_bytes) and self.device_budget_bytes >= 0):
             raise PagingError(f"device_budget_bytes must be an int >= 0, got "
                               f"{self.device_budget_bytes!r}")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError) as exc:
-            raise PagingError(f"device {self.device!r} is not a torch device: {exc}") from None
-        if not (is_int(self.lmdb_map_size) and self.lmdb_map_size > 0):
-            raise PagingError(f"lmdb_map_size must be an int > 0, got {self.lmdb_map_size!r}")
+        _check_device(self.device)
+        if not (is_int(self.lmdb_map_size) and 0 < self.lmdb_map_size <= MAX_MAP_SIZE):
+            raise PagingError(f"lmdb_map_size must be an int from 1 to {MAX_MAP_SIZE}, got {self.lmdb_map_size!r}; "
+                              f"give a size this machine can map, e.g. {_GiB} (the map grows as needed)")
         if self.lmdb_max_map_size is not None and not (
                 is_int(self.lmdb_max_map_size)
-                and self.lmdb_max_map_size >= self.lmdb_map_size):
-            raise PagingError(f"lmdb_max_map_size must be None or an int >= lmdb_map_size "
-                              f"({self.lmdb_map_size}), got {self.lmdb_max_map_size!r}")
+                and self.lmdb_map_size <= self.lmdb_max_map_size <= MAX_MAP_SIZE):
+            raise PagingError(f"lmdb_max_map_size must be None or an int from lmdb_map_size "
+                              f"({self.lmdb_map_size}) to {MAX_MAP_SIZE}, got {self.lmdb_max_map_size!r}")
         if self.remote is not None:
             RemoteConfig.from_url(self.remote)  # raises PagingError with what is wrong
-        if not isinstance(self.allow_damaged, bool):
-            raise PagingError(f"allow_damaged must be a bool, got {self.allow_damaged!r}")
-        if not isinstance(self.remote_from_env, bool):
-            raise PagingError(f"remote_from_env must be a bool, got {self.remote_from_env!r}")
+        for name in ("lmdb_readahead", "allow_damaged", "remote_from_env"):
+            if not isinstance(getattr(self, name), bool):
+                raise PagingError(f"{name} must be a bool (True or False), got {getattr(self, name)!r}")
         if self.remote_mode not in REMOTE_MODES:
             raise PagingError(f"remote_mode must be one of {REMOTE_MODES}, got "
                               f"{self.remote_mode!r}")
@@ -135,7 +148,7 @@ class PageStore:
         if url is not None:
             try:
                 self._remote = RemoteLink(RemoteConfig.from_url(url), config.remote_mode,
-                                          load=self._peek)
+                                          load=self._peek, push=push_command(self._lmdb.path, url))
             except BaseException:
                 self.close()
                 raise
@@ -488,6 +501,10 @@ class PageStore:
                           "quarantined": lm.quarantined},
             **({} if self._remote is None else {"remote": self._remote.stats()}),
         }
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         if self._closed:

@@ -4,14 +4,15 @@ tampering, eviction, kill and restart in the middle of a transfer."""
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 import redis
 import torch
 
 from paging import (FORMAT_VERSION, ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page,
-                    PageConflictError, PageLayout, PagingError, RemoteConfig, RemoteError,
-                    RemoteTier, RemoteUnavailableError)
+                    PageConflictError, PageLayout, PageStore, PagingError, RemoteConfig, RemoteError,
+                    RemoteTier, RemoteTierWarning, RemoteUnavailableError, StoreConfig)
 from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 FP, FP2 = "ab" * 32, "cd" * 32
@@ -51,6 +52,32 @@ def test_url_parsing_and_validation():
                 "redis://h?ttl=0", "unix:///s?cluster=1", None):
         with pytest.raises(PagingError):
             RemoteConfig.from_url(bad)
+
+
+@pytest.mark.parametrize("url", ["redis://[::1", "redis://u:secret@[::1", "redis+cluster://[::1",
+                                 "redis://[zz]:6379", "redis://]::1[", "redis://[::1?password=secret"])
+def test_a_malformed_url_is_a_typed_error_without_the_password(url):
+    for parse in (RemoteConfig.from_url, lambda u: StoreConfig(remote=u)):
+        with pytest.raises(PagingError) as info:  # was: a raw ValueError "Invalid IPv6 URL"
+            parse(url)
+        assert "secret" not in str(info.value) and "\n" not in str(info.value)
+        if "is malformed" in str(info.value):
+            assert "redis://[::1]:6379" in str(info.value)
+
+
+def test_unsent_pages_name_the_real_store_and_remote_in_one_line(tmp_path):
+    page = make_chain(1)[0]
+    path = tmp_path / "my store"
+    url = "redis://u:secret@127.0.0.1:1/0?retries=0&connect_timeout=0.5&prefix=lab"
+    with pytest.warns(RemoteTierWarning, match="continuing with the local tiers only"):
+        store = PageStore(path, StoreConfig(remote=url, remote_mode="write-back"))
+    store.put(page)
+    with pytest.warns(RemoteTierWarning) as record:
+        store.close()
+    [text] = [str(w.message) for w in record if "were not written" in str(w.message)]
+    assert "--store DIR" not in text and "--remote URL" not in text  # was: the literal placeholders
+    assert f"--store '{os.path.realpath(path)}'" in text and "secret" not in text and "\n" not in text
+    assert "--remote 'redis://u:***@127.0.0.1:1/0?retries=0&connect_timeout=0.5&prefix=lab'" in text
 
 
 def test_unreachable_server_is_a_typed_error_that_says_what_to_do():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from contextvars import ContextVar
 from typing import Iterator
 
@@ -91,6 +92,38 @@ def register() -> None:
 
 def name_for(base_implementation: str) -> str:
     return NAMES["eager" if base_implementation == "eager" else "sdpa"]
+
+
+# model -> [its own attention implementation, how many TieredModels wrap it]
+_WRAPPED: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+
+def wrap(model) -> str:
+    """Switch `model` to the tiered attention for one more TieredModel; returns the model's own
+    implementation. NOTE: counted, so that closing one of two TieredModels on a model does not switch
+    the other back to plain attention mid-context (its pages would be sealed over the whole context,
+    other bytes under its regime's keys)."""
+    entry = _WRAPPED.get(model)
+    if entry is None:
+        base = model.config._attn_implementation
+        if base in NAMES.values():  # switched by hand, or by a TieredModel never closed
+            base = "eager" if base == NAMES["eager"] else "sdpa"
+        register()
+        model.set_attn_implementation(name_for(base))
+        entry = _WRAPPED[model] = [base, 0]
+    entry[1] += 1
+    return entry[0]
+
+
+def unwrap(model) -> None:
+    """One TieredModel less on `model`: the last one switches it back to its own attention."""
+    entry = _WRAPPED.get(model)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] <= 0:
+        del _WRAPPED[model]
+        model.set_attn_implementation(entry[0])
 
 
 @contextlib.contextmanager

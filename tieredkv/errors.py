@@ -12,6 +12,10 @@ class ModelNotFoundError(TieredKVError):
     """The model name is neither a built-in name nor a local directory."""
 
 
+class ModelCacheError(TieredKVError):
+    """$TIEREDKV_CACHE cannot hold the converted embedded model (not a directory, not writable, full)."""
+
+
 class ModelMismatchError(TieredKVError):
     """An artifact or store was made by another model (fingerprints differ)."""
 
@@ -58,3 +62,11 @@ class TornContextError(TieredKVError):
 
 class StoredContextDamagedError(TieredKVError):
     """A stored document's pages failed verification or are gone; re-ingest it."""
+
+
+class ClosedError(TieredKVError):
+    """A TieredModel (or the store under it) was used after close()."""
+
+
+class TokenIdsError(TieredKVError, ValueError):
+    """Token ids that are not ints of the model's vocabulary (a string, floats, an id out of range)."""

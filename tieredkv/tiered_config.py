@@ -12,6 +12,19 @@ TOPK_DEFAULTS = {"own": 16, "fixed": 8}
 REUSE_MIN_COSINE = 0.95  # see TieredConfig.reuse_steps
 READING_SIGNALS = ("attention", "lexical", "hybrid")
 RETRIEVAL_MODES = ("union", "per_head")  # see TieredConfig.retrieval
+MAX_PAGE_SIZE = 1 << 16  # tokens per page: far above any useful page (the default is 128)
+MAX_COUNT = 1 << 24  # any other count of pages, steps or summaries: far above any useful one
+
+
+def check_ints(obj, bounds: dict[str, tuple[int, int]]) -> None:
+    """Each named field of `obj` an int (not a bool) in [low, high], or None where its default is None."""
+    for name, (low, high) in bounds.items():
+        value = getattr(obj, name)
+        if value is None and getattr(type(obj), name, 0) is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{type(obj).__name__}.{name} must be an int in {low}..{high}"
+                             f"{' (or None)' if getattr(type(obj), name, 0) is None else ''}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -26,9 +39,8 @@ class ReadingConfig:
     frame_tokens: int | None = None
 
     def __post_init__(self):
-        if self.passages < 1 or self.passage_tokens < 1 or (self.frame_tokens is not None and self.frame_tokens < 0):
-            raise ValueError(f"reading needs passages >= 1, passage_tokens >= 1 and frame_tokens >= 0 (or None), "
-                             f"got {self.passages}, {self.passage_tokens}, {self.frame_tokens}")
+        check_ints(self, {"passages": (1, MAX_COUNT), "passage_tokens": (1, MAX_COUNT),
+                          "frame_tokens": (0, MAX_COUNT)})
         if self.signal not in READING_SIGNALS:
             raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
 
@@ -108,12 +120,12 @@ class TieredConfig:
             raise ValueError(f"position must be one of {(*POSITION_POLICIES, AUTO)}, got {self.position!r}")
         if self.topk_pages is None and self.position != AUTO:
             object.__setattr__(self, "topk_pages", TOPK_DEFAULTS[self.position])  # frozen: resolve once
-        if self.page_size is not None and self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.chunk_pages < 1:
-            raise ValueError(f"chunk_pages must be >= 1, got {self.chunk_pages}")
-        if self.sink_pages < 0 or self.local_pages < 1 or (self.topk_pages or 0) < 0:
-            raise ValueError("sink_pages >= 0, local_pages >= 1 and topk_pages >= 0 are required")
+        check_ints(self, {"page_size": (1, MAX_PAGE_SIZE), "chunk_pages": (1, MAX_COUNT), "sink_pages": (0, MAX_COUNT),
+                          "local_pages": (1, MAX_COUNT), "topk_pages": (0, MAX_COUNT), "num_repr": (1, MAX_COUNT),
+                          "write_batch": (1, MAX_COUNT), "reencode_pages": (0, MAX_COUNT),
+                          "reuse_steps": (0, MAX_COUNT)})
+        if self.reading is not None and not isinstance(self.reading, ReadingConfig):
+            raise ValueError(f"reading must be a ReadingConfig (or None: off), got {self.reading!r}")
         if self.summary not in SUMMARY_METHODS:
             raise ValueError(f"summary must be one of {SUMMARY_METHODS}, got {self.summary!r}")
         if self.retrieval not in RETRIEVAL_MODES:
@@ -124,14 +136,10 @@ class TieredConfig:
                              f"{self.union_pages!r} with retrieval={self.retrieval!r}")
         if self.score_frame not in SCORE_FRAMES:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
-        if self.write_batch < 1:
-            raise ValueError("write_batch must be >= 1")
         if self.reading is not None and (self.position == "own" or self.reencode_pages):
             raise ValueError("reading is for position='fixed' (or 'auto'), and replaces reencode_pages: give one")
-        if self.reuse_steps < 0:
-            raise ValueError(f"reuse_steps must be >= 0, got {self.reuse_steps}")
-        if self.reencode_pages < 0 or (self.reencode_pages and self.position == "own"):
-            raise ValueError(f"reencode_pages must be >= 0, and is for position='fixed' only "
+        if self.reencode_pages and self.position == "own":
+            raise ValueError(f"reencode_pages is for position='fixed' only "
                              f"(got {self.reencode_pages} with position={self.position!r})")
 
     def resolve(self, model, num_tokens: int) -> "TieredConfig":

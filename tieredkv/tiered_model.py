@@ -9,6 +9,7 @@ The model's own `forward()` / `generate()` run unchanged; attention sees a bound
 """
 from __future__ import annotations
 
+import operator
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -23,14 +24,24 @@ from tieredkv import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
 from tieredkv.artifacts.manifest import read_back
 from tieredkv.domain import check_domain, determinism_domain, sha256_ids
-from tieredkv.errors import (DiskBudgetError, EmptyInputError, ModelMismatchError, TornContextError,
-                             UnsupportedModelError)
+from tieredkv.errors import (ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError, TokenIdsError,
+                             TornContextError, UnsupportedModelError)
 from tieredkv.models import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
 from tieredkv.placement import PlacementPolicy, policy_for
 from tieredkv.schedule import canonical_chunks
 from tieredkv.tiered_cache import TieredCache, page_summaries
 from tieredkv.tiered_config import AUTO, TieredConfig
 from tieredkv.working_set import Span
+
+
+# generate()'s own arguments to the model's generate (given twice, they were a bare TypeError)
+GREEDY_ONLY = frozenset({"do_sample", "past_key_values", "attention_mask", "pad_token_id", "max_length"})
+
+
+def _as_id(i) -> int:
+    if isinstance(i, bool):
+        raise TypeError("a bool is not a token id")
+    return operator.index(i)  # an int, numpy int or 0-d integer tensor; floats and strings raise TypeError
 
 
 def working_set_bytes(lm: LoadedModel, config: TieredConfig) -> int:
@@ -52,26 +63,28 @@ class TieredModel:
         # which pages full-attention layers attend to, and where (tieredkv/placement.py)
         self.policy = policy if policy is not None else policy_for(config.position)
         self.page_size = config.page_size or lm.default_page_size
-        self.base_attn = lm.model.config._attn_implementation
-        if self.base_attn.startswith("tiered"):
-            self.base_attn = "eager" if self.base_attn == "tiered_eager" else "sdpa"
         if config.position == "fixed":
             from tieredkv.rotary import rotary_module
 
             rotary_module(lm.model)  # fails early, with the reason, on models without rotary
         bind_store(store, lm)
-        attention.register()
-        lm.model.set_attn_implementation(attention.name_for(self.base_attn))
-        self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
         self.regime_fp = config.regime_fingerprint(lm.fingerprint, self.page_size)
+        self.last_reading = None  # what the last question read (tieredkv/reading.py), if it read
+        self._closed = False
+        self.base_attn = attention.wrap(lm.model)
+        self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
+        try:
+            self.reset()
+        except BaseException:  # NOTE: else the model stayed switched, counted for a TieredModel that never was
+            self._hook.remove()
+            attention.unwrap(lm.model)
+            raise
         need = working_set_bytes(lm, config)
         if store.config.device_budget_bytes < need:
             warnings.warn(f"the device tier's budget ({store.config.device_budget_bytes / 2**20:.0f} MiB) is below one "
                           f"working set ({need / 2**20:.0f} MiB): pages will be copied in again at every step. "
                           "Size it with StoreConfig(device_budget_bytes=tieredkv.working_set_bytes(lm, config)).",
                           ResourceWarning, stacklevel=2)
-        self.last_reading = None  # what the last question read (tieredkv/reading.py), if it read
-        self.reset()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, store: PageStore, config: TieredConfig = TieredConfig(),
@@ -81,6 +94,7 @@ class TieredModel:
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Start a new, empty context."""
+        self._check_open()
         if getattr(self, "cache", None) is not None:
             self.cache.close()
         self.cache = TieredCache(self.lm.model, self.store, self.config, fingerprint=self.regime_fp,
@@ -117,6 +131,25 @@ class TieredModel:
         if attention.ACTIVE_CACHE.get() is self.cache and args:
             self.cache.note_input_ids(args[0].reshape(-1).tolist())
 
+    def _token_ids(self, ids, what: str) -> list[int]:
+        """`ids` as a list of ints of this model's vocabulary; else a typed error that says what to pass."""
+        if isinstance(ids, (str, bytes, bytearray)):
+            raise TokenIdsError(f"{what} takes token ids, got {type(ids).__name__}: encode text first "
+                                "(tm.encode(text))")
+        try:
+            out = [_as_id(i) for i in ids]
+        except TypeError as exc:
+            raise TokenIdsError(f"{what} takes a flat sequence of int token ids ({exc}); encode text with "
+                                "tm.encode(text)") from None
+        if not out:
+            raise EmptyInputError(f"nothing to {what}: no token ids")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        if min(out) < 0 or max(out) >= vocab:
+            bad = min(out) if min(out) < 0 else max(out)
+            raise TokenIdsError(f"{what}: token id {bad} is outside this model's vocabulary (0..{vocab - 1}); "
+                                "encode text with this model's tokenizer (tm.encode(text))")
+        return out
+
     def _check_positions(self, extra: int) -> None:
         if self.cache.torn:
             raise TornContextError("an earlier forward failed part-way, so this context is incomplete; "
@@ -132,6 +165,7 @@ class TieredModel:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, **kwargs):
         """One forward of new tokens at positions [N, N+q) (use `prefill` for page-aligned chunks)."""
+        self._check_open()
         self._check_positions(input_ids.shape[-1])
         with attention.activate(self.cache):
             return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
@@ -143,8 +177,8 @@ class TieredModel:
                 logits_to_keep: int | None = 1):
         """Feed `ids` in chunks of `chunk_pages` pages, cut at multiples of the chunk size (so always at
         page boundaries); returns the last chunk's logits (None with `logits_to_keep=None`: no LM head)."""
-        if not len(ids):
-            raise EmptyInputError("nothing to prefill")
+        self._check_open()
+        ids = self._token_ids(ids, "prefill")
         start, out = self.num_tokens, None
         self._check_positions(len(ids))
         run, extra = forward_for(self.model, logits_to_keep)
@@ -166,6 +200,15 @@ class TieredModel:
         (tieredkv/reading.py; `question` is the text its words are matched with, default the decoded
         `new_ids`; what was read is in `last_reading`); with `config.reencode_pages`, its
         most-retrieved pages are re-encoded beside each layer's retrieval (tieredkv/reencode.py)."""
+        self._check_open()
+        new_ids = self._token_ids(new_ids, "generate")
+        given = sorted(set(kwargs) & GREEDY_ONLY) + (["num_beams"] if kwargs.get("num_beams", 1) != 1 else [])
+        if given:
+            raise ValueError(f"TieredModel.generate decodes greedily, one beam, over its own cache: drop "
+                             f"{', '.join(given)}")
+        if question is not None and not question.strip():
+            raise EmptyInputError("the question is empty or blank: give its text, or None to match the prompt's "
+                                  "own words")
         self.last_reading = None
         if self._sealed_and_retrieving() and not self.cache.reencoded:
             if self.config.reading is not None:
@@ -178,9 +221,9 @@ class TieredModel:
 
                 reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
         if len(new_ids) > 1:
-            self.prefill(list(new_ids)[:-1])
+            self.prefill(new_ids[:-1])
         n = self.num_tokens
-        last = torch.tensor([[int(list(new_ids)[-1])]], device=self.model.device)
+        last = torch.tensor([[new_ids[-1]]], device=self.model.device)
         full_mask = torch.ones((1, n + 1), dtype=torch.long, device=self.model.device)
         self._check_positions(1 + max_new_tokens)
         with attention.activate(self.cache):
@@ -214,9 +257,10 @@ class TieredModel:
                progress: Callable[[int, int], None] | None = None) -> Artifact:
         """Reset, prefill a document, seal every page (the last may be partial), save it as an artifact
         (read back from LMDB and verified before it is returned)."""
-        ids = self.encode(source) if isinstance(source, str) else [int(i) for i in source]
-        if not ids:
+        self._check_open()
+        if isinstance(source, str) and not source.strip():
             raise EmptyInputError("the document is empty")
+        ids = self.encode(source) if isinstance(source, str) else self._token_ids(source, "ingest")
         self.check_disk_budget(len(ids))
         self.reset()
         self.prefill(ids, progress=progress, logits_to_keep=None)
@@ -236,6 +280,7 @@ class TieredModel:
     def graft(self, artifact: Artifact | str, *, allow_domain_mismatch: bool = False,
               progress: Callable[[int, int], None] | None = None) -> Artifact:
         """Reset and adopt a stored context at its own positions; pages stream in on demand."""
+        self._check_open()
         art = load_artifact(self.store, artifact) if isinstance(artifact, str) else artifact
         if art.fingerprint != self.lm.fingerprint:
             raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, self.lm.fingerprint)
@@ -291,9 +336,16 @@ class TieredModel:
         return index
 
     def close(self) -> None:
-        """Write out every complete page and release the model. After a forward that failed part-way
-        only the pages sealed before it are written: its tokens are dropped and its error stands."""
+        """Write out every complete page and release the model (a second call does nothing). After a
+        forward that failed part-way only the pages sealed before it are written: its tokens are dropped
+        and its error stands."""
+        if self._closed:
+            return
+        self._closed = True
         try:
+            if self.store.closed:
+                raise ClosedError(f"the store {self.store.path} was closed before this TieredModel: the pages "
+                                  "sealed since the last write are lost; close the TieredModel first, then its store")
             if self.cache.torn:
                 self.cache.writer.flush()
             else:
@@ -301,5 +353,18 @@ class TieredModel:
         finally:
             self.cache.close()
             self._hook.remove()
-            self.model.set_attn_implementation(self.base_attn)
+            attention.unwrap(self.model)
+
+    def __enter__(self) -> "TieredModel":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this TieredModel is closed; open a new one (TieredModel(lm, store, config)) and "
+                              "ingest or graft its context")
+        if self.store.closed:
+            raise ClosedError(f"the store {self.store.path} is closed; open it again and a new TieredModel on it")
 

@@ -22,7 +22,8 @@ from transformers.cache_utils import DynamicLayer
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
 from paging.restore import Restored
-from paging.errors import REBUILD_HINT, CorruptPageError, ManifestNotFoundError, StoreCorruptedError
+from paging.errors import (REBUILD_HINT, CorruptPageError, LayoutMismatchError, ManifestNotFoundError,
+                           StoreCorruptedError)
 from tieredkv import attention
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
@@ -212,6 +213,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     if num_reused:
         restored = store.restore(keys[:num_reused])
         layout = restored.headers[0].layout
+        _same_page_size(layout, page_size, store)
         install_kv(cache, restored.kv, lm.model.device)
     # NOTE: deposited pages go to LMDB only. Admitting them to the host tier kept every page alive
     # (and evicted others) and slowed the deposit to 0.76 of its own forward, against 0.89 without
@@ -250,6 +252,20 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
 
     read_back(store, art)  # NOTE: success is reported only for what LMDB gives back, verified
     return art
+
+
+def _same_page_size(layout: PageLayout, page_size: int, store: PageStore) -> None:
+    """Refuse, before anything is written, to reuse a stored page sealed at another page size.
+
+    NOTE: a deposit's page keys hash the model, the parent page and the tokens, not the page size: a text
+    that fits one page at both sizes has the same first key, and a manifest over the page stored at the
+    other size would be refused as not genuine on every read (the bytes are the same, the header's
+    layout is not)."""
+    if layout.page_size != page_size:
+        raise LayoutMismatchError(
+            f"store {store.path} holds this text's first page sealed at page size {layout.page_size}, not "
+            f"{page_size}: deposit it at page size {layout.page_size} (`--page-size {layout.page_size}`), or into "
+            "another store")
 
 
 def load_artifact(store: PageStore, artifact_id: str) -> Artifact:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tieredkv.errors import TieredKVError
+from tieredkv.tiered_config import MAX_PAGE_SIZE  # noqa: F401 - the CLI's bound is the config's
 
 
 class InputError(TieredKVError):
@@ -131,7 +132,6 @@ positive_int = int_at_least(1)
 nonneg_int = int_at_least(0)
 
 
-MAX_PAGE_SIZE = 1 << 16  # tokens per page: far above any useful page (the default is 128)
 
 
 def int_between(minimum: int, maximum: int):
@@ -145,6 +145,20 @@ def int_between(minimum: int, maximum: int):
         return value
     parse.__name__ = f"int in [{minimum}, {maximum}]"
     return parse
+
+
+MAX_NEW_TOKENS = 1 << 16  # a decode budget far above any answer: a typo's 10**20 is refused, not run
+
+
+def utf8_text(text: str) -> str:
+    """An argparse type: text that is UTF-8. NOTE: bytes that are not arrive from the shell as lone
+    surrogates, which the tokenizer cannot encode (a bare UnicodeEncodeError later)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(f"is not UTF-8 text (character {exc.start} came from a byte that is not "
+                                         "UTF-8); give UTF-8 text, or put it in a UTF-8 file") from None
+    return text
 
 
 def _not_blank(message: str):
@@ -206,7 +220,7 @@ def read_text_file(path: str, what: str = "file") -> str:
     if b"\0" in data:
         raise InputError(f"{what} {path} is binary (it holds NUL bytes); give a UTF-8 text file")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is not text (editors add it)
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} {path} is not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x}); convert "
                          "it to UTF-8 first") from None

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from tieredkv.cli.common import model_arg, nothing_left_if_refused, open_store, positive_int, print_json, store_args
+from tieredkv.cli.common import (MAX_NEW_TOKENS, int_between, model_arg, nothing_left_if_refused, open_store,
+                                 print_json, store_args, utf8_text)
 
 VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> answer) or `package.module:name` "
                  "(a Verifier class or instance, or a function (problem, solution) -> bool)")
@@ -70,8 +71,9 @@ def register(sub) -> None:
     def common(p, *, model: bool = True) -> None:
         if model:
             model_arg(p)
-            p.add_argument("--max-new-tokens", type=positive_int, default=32, help="decode budget for a new problem")
-            p.add_argument("--confirm-tokens", type=positive_int, default=4,
+            p.add_argument("--max-new-tokens", type=int_between(1, MAX_NEW_TOKENS), default=32,
+                           help="decode budget for a new problem")
+            p.add_argument("--confirm-tokens", type=int_between(1, MAX_NEW_TOKENS), default=4,
                            help="decode budget for a recurring problem (end-of-turn check)")
         store_args(p)
         p.add_argument("--library", default="default", help="library name inside the store (default: %(default)s)")
@@ -79,14 +81,14 @@ def register(sub) -> None:
 
     p = lsub.add_parser("add", help="deposit a solution, if the verifier accepts it")
     common(p)
-    p.add_argument("--problem", required=True)
-    p.add_argument("--solution", required=True)
+    p.add_argument("--problem", type=utf8_text, required=True)
+    p.add_argument("--solution", type=utf8_text, required=True)
     p.add_argument("--verifier", required=True, help=VERIFIER_HELP)
     p.set_defaults(fn=cmd_add)
 
     p = lsub.add_parser("solve", help="answer a problem: recurring from the library, else generate and verify")
     common(p)
-    p.add_argument("--problem", required=True)
+    p.add_argument("--problem", type=utf8_text, required=True)
     p.add_argument("--verifier", required=True, help=VERIFIER_HELP)
     p.add_argument("--no-deposit", action="store_true", help="do not keep a verified generated answer")
     p.set_defaults(fn=cmd_solve)

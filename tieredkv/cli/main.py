@@ -10,11 +10,12 @@ import importlib
 import os
 import select
 import sys
+import warnings
 
 from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, OneLineParser, int_at_least, int_between,
                                  model_arg as _model_arg, nothing_left_if_refused,
                                  open_store as _open_store, positive_int, print_json as _print, read_text_file,
-                                 require_store, store_args)
+                                 require_store, store_args, utf8_text)
 from tieredkv.errors import EmptyInputError, TieredKVError
 from paging.errors import PagingError
 
@@ -36,7 +37,7 @@ def cmd_deposit(a) -> int:
     text = a.text if a.text is not None else read_text_file(a.file, "FILE")
     if not text.strip():
         raise EmptyInputError(f"nothing to deposit: {'--text' if a.text is not None else a.file} is empty or blank")
-    lm = load_model(a.model)
+    lm = load_model(a.model, quiet=a.quiet)
     with nothing_left_if_refused(a.store), _open_store(a.store) as store, token_bar("deposit", quiet=a.quiet) as bar:
         art = deposit(lm, text, store, page_size=a.page_size, name=a.name or (a.file or ""), progress=bar)
     _print({**art.summary(), "store": str(a.store)})
@@ -83,7 +84,7 @@ def cmd_verify(a) -> int:
     from tieredkv.progress import count_bar
     from tieredkv.verify import VerifySpec, verify
 
-    lm = load_model(a.model)
+    lm = load_model(a.model, quiet=a.quiet or a.json)
     spec = VerifySpec(tokens=a.tokens, samples=a.samples, continuation=a.continuation, shift=a.shift,
                       page_size=a.page_size, seed=a.seed)
     with count_bar("verify", spec.samples, unit="sample", quiet=a.quiet or a.json) as bar:
@@ -122,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(d)
     store_args(d)
     d.add_argument("file", nargs="?")
-    d.add_argument("--text")
-    d.add_argument("--name", default="")
+    d.add_argument("--text", type=utf8_text)
+    d.add_argument("--name", type=utf8_text, default="")
     d.add_argument("--page-size", type=int_between(1, MAX_PAGE_SIZE),
                    help="tokens per page and prefill chunk (default: the model's, 128 for smollm2); 512 deposits "
                         "as fast as a plain prefill on CPU, grafts and reuse then cut at 512-token boundaries")
@@ -133,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("graft", help="graft a deposited artifact at its own positions and continue generating")
     _model_arg(g)
     store_args(g, artifact="required")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=positive_int, default=32)
+    g.add_argument("--prompt", type=utf8_text, required=True)
+    g.add_argument("--max-new-tokens", type=positive_int, default=32)  # the window bounds it (_check_window)
     g.add_argument("--allow-domain-mismatch", action="store_true",
                    help="graft across determinism domains (the byte-exact guarantee no longer holds)")
     g.set_defaults(fn=cmd_graft)
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage error (one line, already printed) or --help: its status, as a return value
         return exc.code if isinstance(exc.code, int) else 2
+    shown, warnings.showwarning = warnings.showwarning, _warning_line
     try:
         return args.fn(args)
     except KeyboardInterrupt:
@@ -183,6 +185,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(error_line(e), file=sys.stderr)
         return 2
+    finally:
+        warnings.showwarning = shown
+
+
+def _warning_line(message, category, _filename, _lineno, file=None, _line=None) -> None:
+    """A warning as one line, as errors are (not Python's file:line, category and source line)."""
+    out = file or sys.stderr
+    if out is not None:  # NOTE: None where stderr was closed; print(file=None) would write to stdout
+        print(f"tieredkv: warning: {category.__name__}: {' '.join(str(message).split())}", file=out)
 
 
 def _stdout_is_broken() -> bool:

@@ -57,7 +57,7 @@ def cmd_import(a) -> int:
         from tieredkv.domain import determinism_domain, domain_differences
         from tieredkv.models import load_model
 
-        lm = load_model(a.model)
+        lm = load_model(a.model, quiet=a.quiet)
         art = read_header(path).artifact
         expected_fp, expected_domain = lm.fingerprint, determinism_domain(lm.model, lm.fingerprint, art.page_size)
         diffs = domain_differences(art.domain, expected_domain)

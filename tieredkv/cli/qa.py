@@ -7,8 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, int_at_least, int_between, model_arg, nonneg_int,
-                                 open_store, positive_int, print_json, read_text_file, store_path)
+from tieredkv.cli.common import (MAX_NEW_TOKENS, MAX_PAGE_SIZE, InputError, int_at_least, int_between, model_arg,
+                                 nonneg_int, nothing_left_if_refused, open_store, positive_int, print_json,
+                                 read_text_file, store_path, utf8_text)
+
+MIN_DISK_BUDGET = 32 << 20  # LMDB's own overhead is 16 MiB (TieredModel.check_disk_budget)
 
 
 class _IngestBar:
@@ -104,12 +107,16 @@ def cmd_qa(a) -> int:
         raise EmptyInputError(f"the document {a.doc or '(default)'} is empty")
     if not question.strip():
         raise EmptyInputError("the question is empty")
-    lm = load_model(a.model)
+    lm = load_model(a.model, quiet=a.quiet)
     store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
     doc_ids, q_ids = prompt_parts(lm, document, question)
     total = len(doc_ids) + len(q_ids) + a.max_new_tokens
     config = _config(a, lm, total)
     window = trained_window(lm.model)
+    if window is not None and len(q_ids) + a.max_new_tokens > window:
+        raise InputError(f"the question is {len(q_ids):,} tokens: with --max-new-tokens {a.max_new_tokens} it "
+                         f"runs past the model's window of {window:,} positions on its own; put long text in --doc and keep the "
+                         "question short")
     if config.position == "own" and window is not None and total > window:
         print(f"tieredkv: warning: --position own puts {total - window:,} of {total:,} tokens at positions past the "
               f"model's window of {window:,}, which it never saw in training, so answers degrade there; the default, "
@@ -119,8 +126,8 @@ def cmd_qa(a) -> int:
     # open_store: a shared remote tier named by $TIEREDKV_REMOTE serves and receives pages too
     budget = {} if a.disk_budget is None else dict(lmdb_max_map_size=a.disk_budget,
                                                      lmdb_map_size=min(a.disk_budget, 1 << 30))
-    with open_store(store_dir, **budget,
-                    device_budget_bytes=working_set_bytes(lm, config)) as store:
+    with nothing_left_if_refused(store_dir), \
+            open_store(store_dir, **budget, device_budget_bytes=working_set_bytes(lm, config)) as store:
         tm = TieredModel(lm, store, config)
         try:
             art = None if a.reingest else find_artifact(store, name, tm.domain())
@@ -188,9 +195,9 @@ def register(sub) -> None:
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)
     p.add_argument("--doc", help="a UTF-8 text file (default: statements chapter of the Python language reference)")
-    p.add_argument("--question", help=f"the question (default: {DEFAULT_QUESTION!r})")
+    p.add_argument("--question", type=utf8_text, help=f"the question (default: {DEFAULT_QUESTION!r})")
     p.add_argument("--store", type=store_path, help="store directory (default: ~/.cache/tieredkv/stores/MODEL)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=DEFAULT_MAX_NEW_TOKENS)
+    p.add_argument("--max-new-tokens", type=int_between(1, MAX_NEW_TOKENS), default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--page-size", type=int_between(1, MAX_PAGE_SIZE))
     p.add_argument("--sink-pages", type=nonneg_int, default=1)
     p.add_argument("--local-pages", type=positive_int, default=16)
@@ -211,8 +218,9 @@ def register(sub) -> None:
     r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")
-    p.add_argument("--disk-budget", type=int_at_least(1 << 20),
-                   help="bytes the store may use on disk, at least 1 MiB (default: the free space)")
+    p.add_argument("--disk-budget", type=int_at_least(MIN_DISK_BUDGET),
+                   help="bytes the store may use on disk, at least 32 MiB (LMDB's own overhead is 16 MiB; default: "
+                        "the free space)")
     p.add_argument("--show-pages", type=positive_int, default=3, help="how many read passages or retrieved pages to show")
     p.add_argument("--reingest", action="store_true", help="ingest again even if the document is stored")
     p.add_argument("--json", action="store_true")
