@@ -18,13 +18,7 @@ _EXPORTS = {
                                    "PageConflictError", "PageNotFoundError", "PagingError", "StoreFullError")},
 }
 
-__all__ = [
-    "CorruptPageError", "DeviceTier", "FORMAT_VERSION", "HostTier", "LMDBTier",
-    "LRUPolicy", "LayoutMismatchError", "ManifestNotFoundError", "Page", "PageConflictError",
-    "PageLayout", "PageNotFoundError", "PageStore", "PageWriter", "PagingError", "ROOT_KEY",
-    "RemoteConfig", "RemoteError", "RemoteTier", "RemoteTierWarning", "RemoteUnavailableError",
-    "StoreConfig", "StoreFullError", "Tier", "page_key",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

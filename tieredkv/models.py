@@ -26,7 +26,7 @@ import re
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -360,7 +360,7 @@ def _load_dir(path: Path, dtype: torch.dtype):
 def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, quiet: bool = False) -> LoadedModel:
     """Load a built-in model (`smollm2`, `tiny-*`) or a local HF model directory.
     quiet: show no progress bars (transformers' "Loading weights", the one-time GGUF conversion's)."""
-    with _no_progress_bars() if quiet else _nothing():
+    with _no_progress_bars() if quiet else nullcontext():
         model, codec, page = _load_any(name_or_path, dtype)
     return LoadedModel(name_or_path, model, codec, fingerprint_model(model, codec), page)
 
@@ -376,11 +376,6 @@ def _load_any(name_or_path: str, dtype: torch.dtype):
         f"unknown model {name_or_path!r}: use one of {', '.join(BUILTIN_MODELS)} or a local HF model "
         "directory (nothing is downloaded at run time)"
     )
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 @contextmanager

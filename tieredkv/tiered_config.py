@@ -19,12 +19,12 @@ MAX_COUNT = 1 << 24  # any other count of pages, steps or summaries: far above a
 def check_ints(obj, bounds: dict[str, tuple[int, int]]) -> None:
     """Each named field of `obj` an int (not a bool) in [low, high], or None where its default is None."""
     for name, (low, high) in bounds.items():
-        value = getattr(obj, name)
-        if value is None and getattr(type(obj), name, 0) is None:
+        value, optional = getattr(obj, name), getattr(type(obj), name, 0) is None  # the class holds the default
+        if value is None and optional:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ValueError(f"{type(obj).__name__}.{name} must be an int in {low}..{high}"
-                             f"{' (or None)' if getattr(type(obj), name, 0) is None else ''}, got {value!r}")
+                             f"{' (or None)' if optional else ''}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -144,8 +144,9 @@ class TieredModel:
         if not out:
             raise EmptyInputError(f"nothing to {what}: no token ids")
         vocab = self.model.get_input_embeddings().num_embeddings
-        if min(out) < 0 or max(out) >= vocab:
-            bad = min(out) if min(out) < 0 else max(out)
+        lo, hi = min(out), max(out)
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
             raise TokenIdsError(f"{what}: token id {bad} is outside this model's vocabulary (0..{vocab - 1}); "
                                 "encode text with this model's tokenizer (tm.encode(text))")
         return out
@@ -178,7 +179,12 @@ class TieredModel:
         """Feed `ids` in chunks of `chunk_pages` pages, cut at multiples of the chunk size (so always at
         page boundaries); returns the last chunk's logits (None with `logits_to_keep=None`: no LM head)."""
         self._check_open()
-        ids = self._token_ids(ids, "prefill")
+        return self._prefill(self._token_ids(ids, "prefill"), progress, logits_to_keep)
+
+    @torch.inference_mode()
+    def _prefill(self, ids: list[int], progress: Callable[[int, int], None] | None,
+                 logits_to_keep: int | None):
+        """`prefill` of ids already checked (ingest and generate check theirs once)."""
         start, out = self.num_tokens, None
         self._check_positions(len(ids))
         run, extra = forward_for(self.model, logits_to_keep)
@@ -221,7 +227,7 @@ class TieredModel:
 
                 reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
         if len(new_ids) > 1:
-            self.prefill(new_ids[:-1])
+            self._prefill(new_ids[:-1], None, 1)
         n = self.num_tokens
         last = torch.tensor([[new_ids[-1]]], device=self.model.device)
         full_mask = torch.ones((1, n + 1), dtype=torch.long, device=self.model.device)
@@ -263,7 +269,7 @@ class TieredModel:
         ids = self.encode(source) if isinstance(source, str) else self._token_ids(source, "ingest")
         self.check_disk_budget(len(ids))
         self.reset()
-        self.prefill(ids, progress=progress, logits_to_keep=None)
+        self._prefill(ids, progress, None)
         self.cache.flush(partial=True)
         domain = self.domain()
         art = Artifact(artifact_id(self.regime_fp, self.cache.page_keys[-1], domain), self.lm.fingerprint, domain,

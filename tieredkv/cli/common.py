@@ -132,8 +132,6 @@ positive_int = int_at_least(1)
 nonneg_int = int_at_least(0)
 
 
-
-
 def int_between(minimum: int, maximum: int):
     """An argparse type: an int in [`minimum`, `maximum`]."""
     at_least = int_at_least(minimum)
