@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import environment  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.models import TINY_MODELS, load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel  # noqa: E402
-from tieredkv.verify import VerifySpec, verify  # noqa: E402
+from tieredkv.models.loading import TINY_MODELS, load_model  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
+from tieredkv.provenance.verify import VerifySpec, verify  # noqa: E402
 
 
 def sha(t) -> str:
@@ -40,7 +40,7 @@ def sha(t) -> str:
 
 def doc_ids(lm, n: int, seed: int) -> list[int]:
     if lm.name == "smollm2":
-        from tieredkv.corpus import python_reference
+        from tieredkv.question.corpus import python_reference
 
         return lm.codec.encode(python_reference())[seed * 997:][:n]
     return torch.randint(0, 250, (n,), generator=torch.Generator().manual_seed(seed)).tolist()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import environment, sha256_ids, write_report  # noqa: E402
 from tieredkv.cli.common import positive_int  # noqa: E402
-from tieredkv.tiered_config import RETRIEVAL_MODES  # noqa: E402
+from tieredkv.engine.tiered_config import RETRIEVAL_MODES  # noqa: E402
 
 __all__ = ["environment", "sha256_ids", "write_report", "sync_device", "timed", "best_of",
            "memcpy_bytes_per_s", "sha256_bytes_per_s", "drop_file_cache", "resident_fraction",

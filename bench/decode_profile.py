@@ -31,17 +31,17 @@ from reuse_selection import reused_plan_share  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import load_artifact  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 # profile group -> (file suffix, function name) pairs whose self time it sums; first match wins
 GROUPS = {
     "sdpa": [("", "scaled_dot_product_attention")],
     "linear layers": [("", "linear")],
-    "key re-rotation": [("tieredkv/rotary.py", "")],
-    "concatenate and write slots": [("", "cat"), ("tieredkv/kv_buffer.py", "_write_slots")],
-    "in-place bookkeeping": [("tieredkv/kv_buffer.py", "")],
+    "key re-rotation": [("tieredkv/engine/rotary.py", "")],
+    "concatenate and write slots": [("", "cat"), ("tieredkv/engine/kv_buffer.py", "_write_slots")],
+    "in-place bookkeeping": [("tieredkv/engine/kv_buffer.py", "")],
     "page index (scoring, top-k)": [("index/", ""), ("", "c_einsum")],
     "page fetches (tiers)": [("paging/", "")],
 }

@@ -6,7 +6,7 @@
 
 The script writes bench/results/fault_suite.json and renders docs/RELIABILITY.md from it: the
 Reliability table is the suite's own output, never typed by hand. The fast versions of the same
-checks are tests (tests/test_faults_*.py); the fault logic lives in testkit/faults.py and
+checks are tests (tests/faults/); the fault logic lives in testkit/faults.py and
 is shared by both.
 
 Columns: tries (injections), ok (detected with a typed error, or survived with every invariant
@@ -79,7 +79,7 @@ class World:
 
     def __init__(self, root: Path) -> None:
         from paging import PageStore
-        from tieredkv.models import load_model
+        from tieredkv.models.loading import load_model
         from tieredkv.artifacts.portable import export_artifact
 
         torch.set_num_threads(1)  # NOTE: the box is shared; one thread is much faster for tiny models
@@ -235,8 +235,8 @@ def identity(world: World) -> dict[str, Any]:
     """Wrong model, wrong format versions, wrong determinism domain: refused, with the reason."""
     from paging import PageStore
     from tieredkv.artifacts.file_format import FILE_VERSION, PREFIX
-    from tieredkv.domain import determinism_domain
-    from tieredkv.models import load_model
+    from tieredkv.provenance.domain import determinism_domain
+    from tieredkv.models.loading import load_model
     from tieredkv.artifacts.portable import import_artifact
 
     data = world.small_file
@@ -419,7 +419,7 @@ def faiss_index(world: World, rounds: int) -> dict[str, Any]:
     for i in range(rounds):
         store = world.root / f"index-{i}"
         shutil.rmtree(store, ignore_errors=True)
-        lm = __import__("tieredkv.models", fromlist=["load_model"]).load_model(fc.MODEL)  # TieredModel mutates it
+        lm = __import__("tieredkv.models.loading", fromlist=["load_model"]).load_model(fc.MODEL)  # TieredModel mutates it
         r = fc.index_fault_run(lm, store, fc.corpus_text(12 * fc.PAGE_SIZE + 9 * i, seed=110 + i),
                                fc.corpus_text(9 * fc.PAGE_SIZE, seed=120 + i))
         rows += r["rows"]
@@ -467,7 +467,7 @@ def fuzz(world: World, seconds: float, n_random: int, rng: random.Random) -> dic
     return row("fuzzed files (mutations, random bytes)", n, ok, accepted_changed,
                f"{seconds:.0f} s of 1-3 random mutations (flip, set, insert, delete, truncate, splice) of a valid "
                f"file plus {n_random} random files: {crashes} untyped exceptions, {accepted_changed} changed files "
-               "accepted (hypothesis runs the same property in tests/test_faults_fuzz.py)",
+               "accepted (hypothesis runs the same property in tests/faults/test_fuzz.py)",
                crashes=crashes, examples=examples[:5])
 
 
@@ -796,7 +796,7 @@ allocated (peak Python memory of the refusal, measured with tracemalloc):
 - **Export targets and command-line input** go through the real CLI entry point in a fresh
   interpreter: every failure must be one line on stderr with exit status 2. A reader that stops
   reading (`tieredkv stats | head`) is not a failure: the command stops quietly with status 141,
-  as a process SIGPIPE ended (`tests/test_foundation_cli.py`).
+  as a process SIGPIPE ended (`tests/cli/test_commands.py`).
 
 See docs/TRUST.md for what each of these guards and how `tieredkv recheck` treats another machine.
 """

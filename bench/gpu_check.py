@@ -30,12 +30,12 @@ from common import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import deposit, prefill  # noqa: E402
-from tieredkv.corpus import python_reference  # noqa: E402
-from tieredkv.domain import sha256_tensor  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
-from tieredkv.verify import VerifySpec, verify  # noqa: E402
+from tieredkv.question.corpus import python_reference  # noqa: E402
+from tieredkv.provenance.domain import sha256_tensor  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+from tieredkv.provenance.verify import VerifySpec, verify  # noqa: E402
 
 
 def sync() -> None:

@@ -36,9 +36,9 @@ from common import (drop_file_cache, environment, markdown_table, memcpy_bytes_p
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import deposit, graft, prefill  # noqa: E402
-from tieredkv.corpus import python_reference, text_sha256  # noqa: E402
-from tieredkv.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
+from tieredkv.question.corpus import python_reference, text_sha256  # noqa: E402
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "graft_vs_recompute.json"
@@ -113,7 +113,7 @@ def llama_cpp_rows(contexts: list[int], ids_all: list[int], prompt: list[int], t
         import llama_cpp
     except ImportError as exc:
         return [], f"llama-cpp-python not importable ({exc}); peer rows skipped"
-    from tieredkv.models import smollm2_gguf_path
+    from tieredkv.models.loading import smollm2_gguf_path
 
     rows = []
     llm = llama_cpp.Llama(model_path=str(smollm2_gguf_path()), n_ctx=max(contexts) + len(prompt) + 64,

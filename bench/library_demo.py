@@ -34,9 +34,9 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact  # noqa: E402
-from tieredkv.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
 from tieredkv.library.solutions import Library, answer_plain  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
 from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,  # noqa: E402
                                 normalize_text)
 

@@ -31,7 +31,7 @@ class Task:
     def row(self, codec, out: list[int]) -> dict:
         """What every benchmark row of this task records about an answer: the answer, the output,
         whether it is right, and input and output-id hashes."""
-        from tieredkv.domain import sha256_ids
+        from tieredkv.provenance.domain import sha256_ids
 
         text = codec.decode(out)
         return {"answer": self.answer, "output": text, "correct": self.answer in text,
@@ -39,7 +39,7 @@ class Task:
 
 
 def _chat_split(codec):
-    from tieredkv.text_codec import chat_frame
+    from tieredkv.models.text_codec import chat_frame
 
     return chat_frame(codec)
 
@@ -52,7 +52,7 @@ _PROSE: dict[str, tuple[list[int], frozenset[int]]] = {}
 
 def _prose_ids(codec) -> tuple[list[int], frozenset[int]]:
     """The Python language reference as token ids, and the ids of tokens that hold a line break."""
-    from tieredkv.corpus import python_reference
+    from tieredkv.question.corpus import python_reference
 
     if codec.identity not in _PROSE:
         ids = codec.encode(python_reference())

@@ -77,7 +77,7 @@ def check(questions: list[dict], text: str, corpus) -> tuple[list[str], list[tup
 
 def token_counts(corpus) -> int:
     sys.path.insert(0, str(HERE.parent))
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     codec = load_model("smollm2").codec
     for s in corpus.sources:

@@ -6,7 +6,7 @@ The document is real prose and reference text that ships with CPython and Debian
 is cut into windows of that many tokens; each question is asked over the window that holds its
 evidence, so the answer sits at some depth of a document of that length. Per question, in one run:
 
-    tiered      the tiered path exactly as `tieredkv qa` runs it (tieredkv.qa: ingest once, graft,
+    tiered      the tiered path exactly as `tieredkv qa` runs it (tieredkv.question.qa: ingest once, graft,
                 question-time reading with the library's defaults for this length)
     ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
                 handed the right passage)
@@ -43,9 +43,9 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from index.lexical import bm25_scores  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config  # noqa: E402
-from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 QUESTIONS = HERE / "data" / "longdoc_questions.json"
 LENGTHS = {"16k": 16_384, "32k": 32_768, "128k": 131_072}
@@ -205,7 +205,7 @@ def parse_variant(spec: str) -> dict:
     if spec.startswith("read"):
         kw = dict(part.split("=") for part in spec.partition(":")[2].split(",") if part)
         conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int}
-        from tieredkv.qa import QA_READING
+        from tieredkv.question.qa import QA_READING
 
         return {"reading": dataclasses.replace(QA_READING, **{k: conv[k](v) for k, v in kw.items()})}
     raise ValueError(f"unknown tiered variant {spec!r}")
@@ -217,7 +217,7 @@ def open_window(tm, w: "Window", *, older_stores: bool) -> tuple:
     by the previous version) is grafted too, without the byte-exact guarantee; the row says so.
     Returns (artifact, grafted, domain note or None)."""
     from tieredkv.artifacts.manifest import parse_manifest
-    from tieredkv.domain import domain_differences
+    from tieredkv.provenance.domain import domain_differences
 
     name = "longdoc:" + sha256_ids(w.doc_ids)
     if older_stores:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tieredkv import attention
-from tieredkv.placement import PlacementPolicy, grouped_queries
-from tieredkv.reading import fuse, lexical_scores
-from tieredkv.reencode import attention_votes
+from tieredkv.engine import attention
+from tieredkv.engine.placement import PlacementPolicy, grouped_queries
+from tieredkv.question.reading import fuse, lexical_scores
+from tieredkv.question.reencode import attention_votes
 
 
 class _Queries(PlacementPolicy):

@@ -40,10 +40,10 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from tieredkv.corpus import python_reference  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+from tieredkv.question.corpus import python_reference  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
 

@@ -26,14 +26,14 @@ from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.placement import ForcedPages  # noqa: E402
-from tieredkv.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
-from tieredkv.qa import qa_config  # noqa: E402
-from tieredkv.tiered_model import TieredModel  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.placement import ForcedPages  # noqa: E402
+from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
+from tieredkv.question.qa import qa_config  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed", "tiered-qa")
-# "tiered-qa" answers as `tieredkv qa` does (tieredkv.qa.qa_config: own positions inside the window,
+# "tiered-qa" answers as `tieredkv qa` does (tieredkv.question.qa.qa_config: own positions inside the window,
 # fixed with question-time reading beyond it); the others take their config from the flags.
 # Diagnostic systems (not in the default run): "tiered-fixed-oracle" / "tiered-own-oracle" add the
 # answering needle's pages to every layer's retrieval while the question and answer run. Where the

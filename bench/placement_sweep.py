@@ -46,11 +46,11 @@ from passkey import run_plain  # noqa: E402
 from report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.placement import FixedDistance, ForcedPages  # noqa: E402
-from tieredkv.reencode import reencode  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.placement import FixedDistance, ForcedPages  # noqa: E402
+from tieredkv.question.reencode import reencode  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
 
 FIXED = TieredConfig(position="fixed")
 VARIANTS = ("fixed", "topk=4", "topk=16", "local=32", "stacked", "stacked,topk=12", "stacked,local=32",

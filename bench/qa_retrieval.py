@@ -32,11 +32,11 @@ from summary_choice import capture_queries  # noqa: E402
 from index import PageIndex, summarize  # noqa: E402
 from index.scoring import quest_bound  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.qa import prompt_parts as _prompt_parts  # noqa: E402
-from tieredkv.corpus import default_document  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel  # noqa: E402
+from tieredkv.question.qa import prompt_parts as _prompt_parts  # noqa: E402
+from tieredkv.question.corpus import default_document  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
 
 TOPICS = ("assert", "break", "continue", "del", "global", "import", "nonlocal", "pass", "raise", "return",
           "yield", "with", "while", "try", "lambda")

@@ -12,7 +12,7 @@ import psutil
 import torch
 import transformers
 
-from tieredkv.domain import sha256_ids  # noqa: F401  (re-exported for the benchmarks)
+from tieredkv.provenance.domain import sha256_ids  # noqa: F401  (re-exported for the benchmarks)
 
 
 def environment() -> dict[str, Any]:

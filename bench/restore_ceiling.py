@@ -65,9 +65,9 @@ from paging import PageLayout, PageStore, StoreConfig  # noqa: E402
 from paging.restore import restore_nbytes, restore_pages, verify_stored  # noqa: E402
 from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill  # noqa: E402
 from tieredkv.artifacts.capture import CaptureCache  # noqa: E402
-from tieredkv.corpus import python_reference, text_sha256  # noqa: E402
-from tieredkv.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
+from tieredkv.question.corpus import python_reference, text_sha256  # noqa: E402
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restore_ceiling.json"

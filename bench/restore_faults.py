@@ -32,9 +32,9 @@ from common import drop_file_cache, environment, markdown_table, resident_fracti
 from paging import PageLayout, PageStore, StoreConfig  # noqa: E402
 from paging.restore import restore_nbytes, restore_pages  # noqa: E402
 from tieredkv.artifacts.artifact import deposit  # noqa: E402
-from tieredkv.corpus import python_reference, text_sha256  # noqa: E402
-from tieredkv.domain import sha256_tensor  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
+from tieredkv.question.corpus import python_reference, text_sha256  # noqa: E402
+from tieredkv.provenance.domain import sha256_tensor  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restore_faults.json"
 CASES = ("fresh_map", "mapped", "page_cache_dropped")

@@ -27,9 +27,9 @@ from longctx_tasks import passkey  # noqa: E402
 from report import environment, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.tiered_config import REUSE_MIN_COSINE, TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.tiered_config import REUSE_MIN_COSINE, TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
 
 
 def reused_plan_share(cache, decode_steps: int) -> float:

@@ -21,10 +21,10 @@ from report import environment, sha256_ids, write_report  # noqa: E402
 
 from index import SUMMARY_METHODS, PageIndex, summarize  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.models import load_model  # noqa: E402
-from tieredkv.placement import PlacementPolicy, grouped_queries  # noqa: E402
-from tieredkv.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.tiered_model import TieredModel  # noqa: E402
+from tieredkv.models.loading import load_model  # noqa: E402
+from tieredkv.engine.placement import PlacementPolicy, grouped_queries  # noqa: E402
+from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
+from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
 
 
 def needle_page(doc: list[int], needle: list[int], page_size: int) -> int:

@@ -30,8 +30,8 @@ def child(mode: str, model: str, threads: int) -> dict:
     from transformers import DynamicCache
 
     from tieredkv.artifacts.artifact import prefill
-    from tieredkv.domain import sha256_tensor
-    from tieredkv.models import load_model
+    from tieredkv.provenance.domain import sha256_tensor
+    from tieredkv.models.loading import load_model
 
     lm, cos = None, []
 

@@ -26,6 +26,6 @@ def quest_bound(queries: np.ndarray, upper: np.ndarray, lower: np.ndarray) -> np
     # NOTE: einsum's own loop rather than BLAS gemv keeps the bytes independent of BLAS threads
     # (and is 4x faster than multiply-and-sum, which materialises [N, D] temporaries). Batching
     # the leading dims runs the same inner loop per row: the bytes equal one call per head
-    # (tests/test_index_summary.py).
+    # (tests/index/test_summary.py).
     return (np.einsum("...nd,...d->...n", upper, pos)
             + np.einsum("...nd,...d->...n", lower, neg)).astype(np.float32)

@@ -328,7 +328,7 @@ INDEX_DAMAGES = ("deleted", "sidecar deleted", "bytes flipped", "truncated", "ot
 
 
 def tiered_config(position: str = "own"):
-    from tieredkv.tiered_config import TieredConfig
+    from tieredkv.engine.tiered_config import TieredConfig
 
     return TieredConfig(page_size=PAGE_SIZE, local_pages=2, topk_pages=2, sink_pages=1, position=position)
 
@@ -350,7 +350,7 @@ def index_from_store(store, art, config, model) -> Any:
     """The reference: a PageIndex built here from the stored pages' summaries."""
     from index import PageIndex
     from paging import PageLayout
-    from tieredkv.tiered_cache import page_summaries
+    from tieredkv.engine.tiered_cache import page_summaries
 
     layout = PageLayout.from_dict(art.layout)
     index = PageIndex(layout.num_layers, layout.num_kv_heads, layout.head_dim, config.summary, config.num_repr)
@@ -392,8 +392,8 @@ def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=IN
     and the logits that follow the graft must be the same bytes.
     """
     from paging import PageStore
-    from tieredkv.domain import sha256_tensor
-    from tieredkv.tiered_model import TieredModel
+    from tieredkv.provenance.domain import sha256_tensor
+    from tieredkv.engine.tiered_model import TieredModel
 
     cont = lm.codec.encode(" What follows?")
     with PageStore(store_path, store_config()) as store:
@@ -540,7 +540,7 @@ class ForkRunner:
     """
 
     PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "tieredkv.artifacts.artifact",
-               "tieredkv.models", "tieredkv.artifacts.portable", "testkit.faults"]
+               "tieredkv.models.loading", "tieredkv.artifacts.portable", "testkit.faults"]
 
     def __init__(self) -> None:
         import multiprocessing as mp
@@ -582,7 +582,7 @@ class ForkRunner:
 def deposit_target(store_path: str, text: str, go) -> None:
     from paging import PageStore
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     lm = load_model(MODEL)
     warm_up(lm)
@@ -655,7 +655,7 @@ def make_store(path: str | os.PathLike, texts: list[str], lm=None) -> list[str]:
     """A store holding one deposit per text; returns the artifact ids."""
     from paging import PageStore
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     lm = lm or load_model(MODEL)
     with PageStore(path, store_config()) as store:
@@ -670,7 +670,7 @@ def fsize_target(what: str, limit: int, store_path: str, arg: str, out_path: str
 
     if what == "deposit":
         from tieredkv.artifacts.artifact import deposit
-        from tieredkv.models import load_model
+        from tieredkv.models.loading import load_model
 
         lm = load_model(MODEL)
         warm_up(lm)
@@ -708,8 +708,8 @@ def _cmd_cross_export(a) -> dict[str, Any]:
 
     from paging import PageStore
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.domain import sha256_tensor
-    from tieredkv.models import load_model
+    from tieredkv.provenance.domain import sha256_tensor
+    from tieredkv.models.loading import load_model
     from tieredkv.artifacts.portable import export_artifact
 
     lm = load_model(a.model)
@@ -728,8 +728,8 @@ def _cmd_cross_import(a) -> dict[str, Any]:
 
     from paging import PageStore
     from tieredkv.artifacts.artifact import graft
-    from tieredkv.domain import sha256_tensor
-    from tieredkv.models import load_model
+    from tieredkv.provenance.domain import sha256_tensor
+    from tieredkv.models.loading import load_model
     from tieredkv.artifacts.portable import import_artifact
 
     lm = load_model(a.model)
@@ -758,7 +758,7 @@ def continuation_logits(lm, cache, cont: list[int], start: int, page_size: int):
 
 def fresh_continuation_logits(lm, prefix: list[int], cont: list[int], page_size: int):
     """The baseline: prefix then continuation prefilled fresh on a DynamicCache, same schedule
-    (the schedule stops at the prefix end, as a graft does; see tieredkv.verify)."""
+    (the schedule stops at the prefix end, as a graft does; see tieredkv.provenance.verify)."""
     from transformers import DynamicCache
 
     from tieredkv.artifacts.artifact import prefill

@@ -16,8 +16,8 @@ import torch
 from transformers import DynamicCache
 
 from tieredkv.artifacts.artifact import graft, prefill
-from tieredkv.domain import sha256_tensor
-from tieredkv.models import LoadedModel
+from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.models.loading import LoadedModel
 
 
 def continuation_logits(lm: LoadedModel, cache, cont: Sequence[int], start: int, page_size: int) -> torch.Tensor:
@@ -58,7 +58,7 @@ def grafted_logits(lm: LoadedModel, artifact, store, cont: Sequence[int]) -> tor
 
 def main(argv: list[str] | None = None) -> int:
     from paging import PageStore
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)

@@ -1,4 +1,4 @@
-"""The faults of issue 16 ("Trust"), shared by tests/test_trust_*.py and bench/fault_suite.py.
+"""The faults of issue 16 ("Trust"), shared by tests/trust/ and bench/fault_suite.py.
 
 Each injection damages a copy of a store, a manifest, an artifact file or an input the way the issue
 found, then drives the code a user would (open, check, graft, import, the CLI) in a child process, so
@@ -252,7 +252,7 @@ def damaged_store_run(runner, template: Path, work: Path, damage, expected: dict
 def paused_deposit_target(store_path: str, text: str, paused, resume, out) -> None:
     from paging import PageStore
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     lm = load_model(MODEL)
     done = []
@@ -481,7 +481,7 @@ def bad_cli_inputs(tmp_path: Path, store: Path, artifact_id: str) -> dict[str, t
     """Issue 16 case 11: name -> (argv, the error it must give, words its one line must hold).
 
     `store` holds artifact `artifact_id` (tiny-llama); files the inputs need are made under `tmp_path`."""
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     art_id = artifact_id
     binary = tmp_path / "binary.bin"

@@ -24,12 +24,12 @@ from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
 from paging.restore import Restored
 from paging.errors import (REBUILD_HINT, CorruptPageError, LayoutMismatchError, ManifestNotFoundError,
                            StoreCorruptedError)
-from tieredkv import attention
+from tieredkv.engine import attention
 from tieredkv.artifacts.capture import CaptureCache
-from tieredkv.domain import check_domain, determinism_domain, domain_id, sha256_ids
+from tieredkv.provenance.domain import check_domain, determinism_domain, domain_id, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
-from tieredkv.models import LoadedModel, forward_for
-from tieredkv.schedule import canonical_chunks
+from tieredkv.models.loading import LoadedModel, forward_for
+from tieredkv.engine.schedule import canonical_chunks
 
 MANIFEST_FORMAT = 1
 STORE_FINGERPRINT_META = "model_fingerprint"
@@ -145,7 +145,7 @@ def chain_fingerprint(art: Artifact) -> str:
     regime = art.domain.get("regime")
     if regime is None:
         return art.fingerprint
-    from tieredkv.tiered_config import TieredConfig
+    from tieredkv.engine.tiered_config import TieredConfig
 
     # a regime without score_frame scored pages at their own positions (see TieredConfig.regime)
     return TieredConfig(**{"score_frame": "own", **regime}).regime_fingerprint(art.fingerprint, art.page_size)

@@ -15,7 +15,7 @@ class GrowingLayer(DynamicLayer):
     instead of concatenating a copy of everything before it (O(N) per chunk, O(N^2) per document).
 
     Attention reads views `buf[..., :n, :]`: the same values in the same order as the concatenated
-    tensors, and the kernels give the same bytes for them (tests/test_kv_buffer.py)."""
+    tensors, and the kernels give the same bytes for them (tests/engine/test_kv_buffer.py)."""
 
     _GROW = 2
     capacity = 0  # tokens the first buffer holds at least (CaptureCache(capacity=)): no regrowth below it

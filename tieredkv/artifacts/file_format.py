@@ -43,9 +43,9 @@ from paging.framing import PREFIX, canonical_json, is_int, pack_prefix, strict_j
 from paging.page import MAX_HEADER_NBYTES as PAGE_MAX_HEADER_NBYTES
 from paging.errors import LayoutMismatchError
 from tieredkv.artifacts.artifact import MANIFEST_FORMAT, Artifact
-from tieredkv.domain import domain_id
+from tieredkv.provenance.domain import domain_id
 from tieredkv.errors import TieredKVError
-from tieredkv.schedule import canonical_chunks
+from tieredkv.engine.schedule import canonical_chunks
 
 MAGIC = b"TKVA"
 FILE_VERSION = 1

@@ -33,7 +33,7 @@ from tieredkv.artifacts.manifest import verify_artifact
 from tieredkv.artifacts.file_format import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
                                     ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
                                     encode_header, iter_page_blobs, read_header, read_token_ids)
-from tieredkv.domain import check_domain, sha256_ids
+from tieredkv.provenance.domain import check_domain, sha256_ids
 from tieredkv.errors import ModelMismatchError
 
 T = TypeVar("T")

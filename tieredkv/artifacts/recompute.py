@@ -23,7 +23,7 @@ import torch
 from paging import Page
 from tieredkv.artifacts.artifact import Artifact, install_kv, prefill
 from tieredkv.artifacts.capture import CaptureCache
-from tieredkv.domain import determinism_domain, domain_differences
+from tieredkv.provenance.domain import determinism_domain, domain_differences
 from tieredkv.errors import DomainMismatchError, ModelMismatchError, TieredKVError, UnsupportedModelError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tieredkv.errors import TieredKVError
-from tieredkv.tiered_config import MAX_PAGE_SIZE  # noqa: F401 - the CLI's bound is the config's
+from tieredkv.engine.tiered_config import MAX_PAGE_SIZE  # noqa: F401 - the CLI's bound is the config's
 
 
 class InputError(TieredKVError):

@@ -12,7 +12,7 @@ VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> 
 
 def _library(a, store):
     from tieredkv.library.solutions import Library
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     return Library(load_model(a.model), store, name=a.library, max_new_tokens=a.max_new_tokens,
                    confirm_tokens=a.confirm_tokens)

@@ -29,7 +29,7 @@ EXTENSIONS = ("tieredkv.cli.qa", "tieredkv.cli.portable", "tieredkv.cli.remote",
 
 def cmd_deposit(a) -> int:
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
     from tieredkv.progress import token_bar
 
     if (a.file is None) == (a.text is None):
@@ -49,7 +49,7 @@ def cmd_graft(a) -> int:
     import torch
 
     from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     lm = load_model(a.model)
     with _open_store(a.store, must_exist=True) as store:
@@ -68,7 +68,7 @@ def cmd_graft(a) -> int:
 
 def _check_window(lm, num_tokens: int, max_new_tokens: int) -> None:
     """Refuse a generation that would run past the model's trained window (positions it never saw)."""
-    from tieredkv.models import trained_window
+    from tieredkv.models.loading import trained_window
 
     window = trained_window(lm.model)
     if window is not None and num_tokens + max_new_tokens > window:
@@ -80,9 +80,9 @@ def _check_window(lm, num_tokens: int, max_new_tokens: int) -> None:
 
 
 def cmd_verify(a) -> int:
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
     from tieredkv.progress import count_bar
-    from tieredkv.verify import VerifySpec, verify
+    from tieredkv.provenance.verify import VerifySpec, verify
 
     lm = load_model(a.model, quiet=a.quiet or a.json)
     spec = VerifySpec(tokens=a.tokens, samples=a.samples, continuation=a.continuation, shift=a.shift,

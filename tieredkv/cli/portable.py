@@ -54,8 +54,8 @@ def cmd_import(a) -> int:
     path = regular_file(a.file, "artifact file")  # NOTE: after the flags: a usage error is told first
     promise = "not checked (no --model): give --model to compare the artifact's domain with this machine's"
     if a.model is not None:
-        from tieredkv.domain import determinism_domain, domain_differences
-        from tieredkv.models import load_model
+        from tieredkv.provenance.domain import determinism_domain, domain_differences
+        from tieredkv.models.loading import load_model
 
         lm = load_model(a.model, quiet=a.quiet)
         art = read_header(path).artifact
@@ -125,7 +125,7 @@ def _check_here(a) -> int:
 
     lm = None
     if a.recompute is not None:
-        from tieredkv.models import load_model
+        from tieredkv.models.loading import load_model
 
         lm = load_model(a.model or DEFAULT_MODEL)
     from paging.errors import StoreIntegrityError

@@ -43,10 +43,10 @@ class _IngestBar:
 
 
 def _config(a, lm, num_tokens: int):
-    """TieredConfig of this question: the library's QA defaults (tieredkv.qa.qa_config) and the flags."""
+    """TieredConfig of this question: the library's QA defaults (tieredkv.question.qa.qa_config) and the flags."""
     from tieredkv.errors import TieredKVError
-    from tieredkv.qa import QA_READING, qa_config
-    from tieredkv.tiered_config import ReadingConfig
+    from tieredkv.question.qa import QA_READING, qa_config
+    from tieredkv.engine.tiered_config import ReadingConfig
 
     fields = dict(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages, topk_pages=a.topk_pages,
                   position=a.position)
@@ -94,12 +94,12 @@ def _shown(tm, lm, count: int) -> tuple[str, list[dict]]:
 
 
 def cmd_qa(a) -> int:
-    from tieredkv.corpus import DEFAULT_QUESTION, default_document
+    from tieredkv.question.corpus import DEFAULT_QUESTION, default_document
     from paging.errors import CorruptPageError, PageNotFoundError
     from tieredkv.errors import EmptyInputError, StoredContextDamagedError
-    from tieredkv.models import cache_dir, load_model, trained_window
-    from tieredkv.qa import document_name, find_artifact, prompt_parts
-    from tieredkv.tiered_model import TieredModel, working_set_bytes
+    from tieredkv.models.loading import cache_dir, load_model, trained_window
+    from tieredkv.question.qa import document_name, find_artifact, prompt_parts
+    from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 
     document = read_text_file(a.doc, "--doc") if a.doc else default_document()
     question = a.question if a.question is not None else DEFAULT_QUESTION
@@ -188,9 +188,9 @@ def cmd_qa(a) -> int:
 
 
 def register(sub) -> None:
-    from tieredkv.corpus import DEFAULT_QUESTION
-    from tieredkv.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
-    from tieredkv.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
+    from tieredkv.question.corpus import DEFAULT_QUESTION
+    from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
+    from tieredkv.engine.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
 
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)
@@ -207,7 +207,7 @@ def register(sub) -> None:
     p.add_argument("--retrieval", choices=RETRIEVAL_MODES,
                    help="whom a KV head's top-k pages serve: every head (union) or itself (per_head: a working set "
                         "of fixed size); default per_head for a document read with the lexical signal, else union")
-    r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/reading.py)")
+    r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/question/reading.py)")
     r.add_argument("--read-passages", type=nonneg_int,
                    help=f"places in the document the question reads afresh (default {QA_READING.passages}; 0: no "
                         "reading, attention retrieves from the stored pages)")

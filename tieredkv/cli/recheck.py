@@ -6,7 +6,7 @@ from tieredkv.cli.common import print_json
 
 
 def cmd_recheck(a) -> int:
-    from tieredkv.recheck import format_table, recheck
+    from tieredkv.provenance.recheck import format_table, recheck
 
     result = recheck(a.report, allow_domain_mismatch=a.allow_domain_mismatch)
     if a.json:

@@ -24,8 +24,8 @@ from paging.errors import CorruptPageError, PageNotFoundError
 from tieredkv.artifacts.artifact import deposit, graft, grafted_token_ids, load_artifact, prefill
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, TieredKVError
 from tieredkv.library.entries import LibraryEntry, LibraryIndex, problem_sha256
-from tieredkv.models import LoadedModel
-from tieredkv.tiered_config import TieredConfig
+from tieredkv.models.loading import LoadedModel
+from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.library.verifiers import Verdict, as_verifier, verifier_identity
 
 __all__ = ["Library", "LibraryEntry", "SolveResult", "SolutionRejectedError", "answer_plain", "problem_sha256"]
@@ -201,7 +201,7 @@ class Library:
     def prepare_context(self) -> int:
         """Ingest the library document now if this version has not been (else a cheap graft); returns the
         tokens ingested. `solve` does this itself on a new problem; call it to keep that cost apart."""
-        from tieredkv.tiered_model import TieredModel
+        from tieredkv.engine.tiered_model import TieredModel
 
         if not len(self):
             return 0
@@ -213,7 +213,7 @@ class Library:
             tm.close()
 
     def _generate(self, problem: str) -> SolveResult:
-        from tieredkv.tiered_model import TieredModel
+        from tieredkv.engine.tiered_model import TieredModel
 
         # NOTE: TieredModel swaps the model's attention function until close(); it lives only for this
         # call so that grafts and deposits elsewhere see (and record) the model's own attention.

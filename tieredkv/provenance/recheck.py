@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tieredkv.domain import DOMAIN_FIELDS, domain_differences
+from tieredkv.provenance.domain import DOMAIN_FIELDS, domain_differences
 from tieredkv.errors import DomainMismatchError, TieredKVError
 
 # Domain fields that name the recipe (which model, how it is run) rather than the machine.
@@ -108,7 +108,7 @@ def load_report(path: Path) -> dict[str, Any]:
 
 def verify_outputs(report: dict[str, Any]) -> dict[str, str]:
     """Every hash a `verify --rows` report commits to, by name."""
-    from tieredkv.recheck_verify import verify_outputs as outputs
+    from tieredkv.provenance.recheck_verify import verify_outputs as outputs
 
     return outputs(report)
 
@@ -124,7 +124,7 @@ def plan_for(report: dict[str, Any]) -> Plan:
             raise RecheckError("the report records no determinism domain; it cannot be re-checked")
         return Plan("recheck", [str(a) for a in block["argv"]], dict(block["outputs"]), domain,
                     inputs=frozenset(block.get("inputs", ())), report=report)
-    from tieredkv.recheck_verify import is_verify_report, verify_plan
+    from tieredkv.provenance.recheck_verify import is_verify_report, verify_plan
 
     if is_verify_report(report):
         return verify_plan(report)
@@ -197,7 +197,7 @@ def recheck(report_path: str | Path, *, allow_domain_mismatch: bool = False,
     result.domain_differences = diffs
     result.mode = "relation" if diffs else "hash"
     if plan.kind == "verify":
-        from tieredkv.recheck_verify import verify_items
+        from tieredkv.provenance.recheck_verify import verify_items
 
         result.items = verify_items(plan, rerun, result.mode)
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tieredkv.recheck import Plan, RecheckError, _item
+from tieredkv.provenance.recheck import Plan, RecheckError, _item
 
 SPEC_FIELDS = ("model", "tokens", "samples", "shift", "page_size")
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from tieredkv.errors import ModelCacheError, ModelNotFoundError
-from tieredkv.text_codec import ByteTokenizer, HFCodec, TextCodec
+from tieredkv.models.text_codec import ByteTokenizer, HFCodec, TextCodec
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Page size (tokens) used by default per model kind: one canonical prefill chunk is one page.

@@ -62,7 +62,7 @@ def rerotate(model, keys: torch.Tensor, delta: torch.Tensor | int | Sequence[int
 def _rotated(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`keys * cos + rotate_half(keys) * sin` (transformers' apply_rotary_pos_emb) without materialising
     rotate_half: per element the same two products and one addition (a + (-b)*s is a - b*s exactly),
-    so the same bytes in fewer passes (tests/test_tiered_model.py pins them)."""
+    so the same bytes in fewer passes (tests/engine/test_tiered_model.py pins them)."""
     h = keys.shape[-1] // 2
     out = keys * cos
     out[..., :h] -= keys[..., h:] * sin[..., :h]

@@ -28,14 +28,14 @@ from typing import Sequence
 
 import torch
 
-from tieredkv import attention
+from tieredkv.engine import attention
 
 
 def attention_votes(cache, prompt_ids: Sequence[int]) -> dict[int, int]:
     """Page id -> how many layers retrieve it in one forward of `prompt_ids`, run over a throwaway
     copy of `cache`'s sealed context with its own placement policy (each layer's selection is the
     union of its KV heads' top-k)."""
-    from tieredkv.tiered_cache import TieredCache
+    from tieredkv.engine.tiered_cache import TieredCache
 
     shadow = TieredCache(cache.model, cache.store, cache.config, fingerprint=cache.fingerprint,
                          page_size=cache.page_size, policy=cache.policy, persist=False)
@@ -64,7 +64,7 @@ def encode_fragments(cache, fragments: Sequence[tuple[int, int, int]], end: int,
 
     fragments: (page id, first, last + 1) in own positions, in document order, one per page. Keys stay
     where they were computed with `keep_packed`, else are moved back to their own positions."""
-    from tieredkv.rotary import rerotate
+    from tieredkv.engine.rotary import rerotate
 
     spans = cache.spans
     ids = {p: cache.page_token_ids(p)[lo - spans[p].start:hi - spans[p].start] for p, lo, hi in fragments}

@@ -23,7 +23,7 @@ the stored bytes or a re-encoded copy, re-rotated when the placement shifts it. 
 
 Attention gets views `k[:, :, :n]` (non-contiguous along the head axis): the same values in the same
 order as concatenating the pages, and the kernels give the same bytes for them
-(tests/test_kv_buffer.py pins that). Nothing here knows about stores or models.
+(tests/engine/test_kv_buffer.py pins that). Nothing here knows about stores or models.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def _sdpa_grouped(query, key, value, mask, dropout: float = 0.0, scaling: float 
     `repeat_kv`: the working set is not copied once per query group in every layer.
 
     NOTE: torch's CPU kernels give the same bytes either way (fp32, bf16, fp16; 1 and 2 threads:
-    tests/test_attention_gqa.py), so tiered and plain runs stay torch.equal. transformers keeps
+    tests/engine/test_attention_gqa.py), so tiered and plain runs stay torch.equal. transformers keeps
     `repeat_kv` for masked chunks because CUDA's fused kernels refuse a mask with `enable_gqa`; on
     CUDA this path is not taken. Decode steps (q == 1) stay with transformers (`pack_gqa`)."""
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
@@ -54,7 +54,7 @@ def _sdpa_grouped(query, key, value, mask, dropout: float = 0.0, scaling: float 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """SDPA's own first step for a bool mask: True (attend) -> 0, False -> -inf.
 
-    NOTE: the float mask SDPA would build, so the same bytes (tests/test_attention_gqa.py). Given it,
+    NOTE: the float mask SDPA would build, so the same bytes (tests/engine/test_attention_gqa.py). Given it,
     SDPA's CPU kernel skips that conversion (~5% of a 128-query chunk's attention); a mask used by
     one layer only (TieredCache builds one per layer) gains nothing from converting it here."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from tieredkv.kv_buffer import SlotKey
-from tieredkv.rotary import rerotate
-from tieredkv.working_set import HeadPages, Span
+from tieredkv.engine.kv_buffer import SlotKey
+from tieredkv.engine.rotary import rerotate
+from tieredkv.engine.working_set import HeadPages, Span
 
 Cell = tuple[int, int, int, int, bool]  # (head, column, page id, shift, keys only)
 

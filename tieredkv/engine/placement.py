@@ -24,7 +24,7 @@ from typing import ClassVar, Iterable
 
 import torch
 
-from tieredkv.working_set import HeadPages, fixed_positions, merge_ranked, retrieval_excluded, select_pages
+from tieredkv.engine.working_set import HeadPages, fixed_positions, merge_ranked, retrieval_excluded, select_pages
 
 
 def grouped_queries(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -126,7 +126,7 @@ class FixedDistance(PlacementPolicy):
     def scoring_query(self, ctx, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         if not ctx.config.relative_scoring:
             return query
-        from tieredkv.rotary import rerotate
+        from tieredkv.engine.rotary import rerotate
 
         # a page at relative 0 sits where the nearest far page is attended: right before the local window
         return rerotate(ctx.model, query, ctx.page_size - ctx.spans[ctx.local_first].start, layer_idx)

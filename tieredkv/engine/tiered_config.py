@@ -29,7 +29,7 @@ def check_ints(obj, bounds: dict[str, tuple[int, int]]) -> None:
 
 @dataclass(frozen=True)
 class ReadingConfig:
-    """How a question reads a long context (`TieredConfig.reading`, tieredkv/reading.py)."""
+    """How a question reads a long context (`TieredConfig.reading`, tieredkv/question/reading.py)."""
 
     passages: int = 1  # places in the document the question reads
     passage_tokens: int = 512  # tokens read around each place, centred where the question's words are densest
@@ -100,11 +100,11 @@ class TieredConfig:
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
     # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves
     # (right after ingest or graft), the sink and the `reencode_pages` pages the prompt retrieves
-    # most are computed afresh together, at the positions `fixed` packs them to (tieredkv/reencode.py).
+    # most are computed afresh together, at the positions `fixed` packs them to (tieredkv/question/reencode.py).
     # Nothing stored changes. 0 (the default): off.
     reencode_pages: int = 0
     # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves, find the
-    # passages it is about and read them afresh right before it (tieredkv/reading.py). None: off.
+    # passages it is about and read them afresh right before it (tieredkv/question/reading.py). None: off.
     reading: ReadingConfig | None = None
     # Approximate, off by default (0): a decode step (one query token) may attend to a full-attention
     # layer's previous selection instead of searching again, for up to `reuse_steps` steps after a
@@ -206,7 +206,7 @@ class TieredConfig:
 def stored_under(recorded: dict, current: dict) -> bool:
     """Whether pages sealed under regime `recorded` are the bytes an ingest under `current` would seal.
     `reuse_steps` changes one-token decode steps only, never a prefill chunk: a context ingested
-    without it serves a config with it (tests/test_decode_reuse.py). The converse is not assumed: a
+    without it serves a config with it (tests/engine/test_decode_reuse.py). The converse is not assumed: a
     context recorded with it may hold pages sealed from approximate decode steps."""
     if "reuse_steps" not in recorded:
         current = {k: v for k, v in current.items() if k != "reuse_steps"}
@@ -216,7 +216,7 @@ def stored_under(recorded: dict, current: dict) -> bool:
 def _can_move_keys(model) -> bool:
     """Whether the fixed-distance policy can re-rotate this model's keys (no: learned positions)."""
     from tieredkv.errors import UnsupportedModelError
-    from tieredkv.rotary import rotary_module
+    from tieredkv.engine.rotary import rotary_module
 
     try:
         rotary_module(model)

@@ -22,13 +22,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
-from tieredkv import head_block
+from tieredkv.engine import head_block
 from tieredkv.errors import UnsupportedModelError
-from tieredkv.kv_buffer import SlotKey, WorkingSetBuffer
-from tieredkv.placement import PlacementPolicy, policy_for
-from tieredkv.prefetch import Prefetcher
-from tieredkv.tiered_config import REUSE_MIN_COSINE, TieredConfig
-from tieredkv.working_set import HeadPages, Span, build_mask, sliding_spans
+from tieredkv.engine.kv_buffer import SlotKey, WorkingSetBuffer
+from tieredkv.engine.placement import PlacementPolicy, policy_for
+from tieredkv.engine.prefetch import Prefetcher
+from tieredkv.engine.tiered_config import REUSE_MIN_COSINE, TieredConfig
+from tieredkv.engine.working_set import HeadPages, Span, build_mask, sliding_spans
 
 
 def page_summaries(model, config: TieredConfig, layer_keys: Sequence[torch.Tensor], start: int) -> np.ndarray:
@@ -37,7 +37,7 @@ def page_summaries(model, config: TieredConfig, layer_keys: Sequence[torch.Tenso
     positions [0, T) when the config scores pages where they are attended. Sealing and the index
     rebuild both call this, so a rebuilt index is the one sealing built."""
     if config.relative_scoring:
-        from tieredkv.rotary import rerotate
+        from tieredkv.engine.rotary import rerotate
 
         layer_keys = [rerotate(model, k, -start, i) for i, k in enumerate(layer_keys)]
     return np.stack([summarize(k.float().cpu().numpy(), config.summary, config.num_repr) for k in layer_keys])
@@ -192,11 +192,11 @@ class TieredCache(Cache):
         self._last_selection: dict[int, list[int]] = {}  # layer -> page ids of its previous working set
         self._prev_q: dict[int, int] = {}  # layer -> query tokens of its previous forward (none since a flush)
         self.blocks: dict[int, tuple[SlotKey, HeadPages]] = {}  # layer -> the per-head block its buffer holds
-        # page id -> per layer (K, V), computed afresh at question time (tieredkv/reencode.py); full-attention
+        # page id -> per layer (K, V), computed afresh at question time (tieredkv/question/reencode.py); full-attention
         # layers read these instead of the stored page, and always hold them in their working set
         self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
         self.reencoded_start: dict[int, int] = {}  # page id -> own position of its first re-encoded token
-        self.lexical_index = None  # BM25 over page text, built at a question's first reading (tieredkv/reading.py)
+        self.lexical_index = None  # BM25 over page text, built at a question's first reading (tieredkv/question/reading.py)
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -277,7 +277,7 @@ class TieredCache(Cache):
 
     def adopt_reencoded(self, fresh: dict[int, tuple[int, list]]) -> None:
         """Serve `fresh` (page id -> (own position of its first token, per layer (K, V) or None),
-        tieredkv/reencode.py) to full-attention layers in place of the stored pages; a re-encoded
+        tieredkv/question/reencode.py) to full-attention layers in place of the stored pages; a re-encoded
         page may hold only part of the page's tokens. Pages sealed from here on attend to them, not
         to the stored bytes: other bytes, so their keys hash a fingerprint that names them."""
         for page_id, (first, kv) in fresh.items():
@@ -419,7 +419,7 @@ class TieredCache(Cache):
     def _rerotate_parts(self, ks: list[torch.Tensor], shifts: list[int], layer_idx: int) -> None:
         """Move the keys of every part with a non-zero shift, in place in `ks`, in one rotation: one
         call per layer instead of one per page (elementwise, so the bytes are the same either way)."""
-        from tieredkv.rotary import rerotate
+        from tieredkv.engine.rotary import rerotate
 
         moved = [j for j, d in enumerate(shifts) if d]
         if not moved:

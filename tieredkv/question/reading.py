@@ -32,9 +32,9 @@ from typing import Sequence
 import numpy as np
 
 from index.lexical import STOPWORDS
-from tieredkv.placement import PlacementPolicy
-from tieredkv.reencode import attention_votes
-from tieredkv.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
+from tieredkv.engine.placement import PlacementPolicy
+from tieredkv.question.reencode import attention_votes
+from tieredkv.engine.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
 _WORD = re.compile(r"[a-z0-9_]+")
@@ -187,7 +187,7 @@ class CompactReading(PlacementPolicy):
 def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec) -> Reading:
     """Find the question's passages, read them afresh right before it (the frame first), and make
     attention see only them and the question (`CompactReading`)."""
-    from tieredkv.reencode import encode_fragments
+    from tieredkv.question.reencode import encode_fragments
 
     spans, end = cache.spans, cache.sealed_upto
     frame = config.frame_tokens if config.frame_tokens is not None else spans[min(cache.config.sink_pages, len(spans)) - 1].end

@@ -20,18 +20,18 @@ import torch
 from index import IndexStaleError, PageIndex
 from index.atomic_file import AtomicFile
 from paging import PageLayout, PageStore
-from tieredkv import attention
+from tieredkv.engine import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
 from tieredkv.artifacts.manifest import read_back
-from tieredkv.domain import check_domain, determinism_domain, sha256_ids
+from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import (ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError, TokenIdsError,
                              TornContextError, UnsupportedModelError)
-from tieredkv.models import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
-from tieredkv.placement import PlacementPolicy, policy_for
-from tieredkv.schedule import canonical_chunks
-from tieredkv.tiered_cache import TieredCache, page_summaries
-from tieredkv.tiered_config import AUTO, TieredConfig
-from tieredkv.working_set import Span
+from tieredkv.models.loading import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
+from tieredkv.engine.placement import PlacementPolicy, policy_for
+from tieredkv.engine.schedule import canonical_chunks
+from tieredkv.engine.tiered_cache import TieredCache, page_summaries
+from tieredkv.engine.tiered_config import AUTO, TieredConfig
+from tieredkv.engine.working_set import Span
 
 
 # generate()'s own arguments to the model's generate (given twice, they were a bare TypeError)
@@ -60,16 +60,16 @@ class TieredModel:
             raise ValueError("TieredConfig(position='auto') must be resolved for a context first: "
                              "config.resolve(lm.model, num_tokens)")
         self.lm, self.store, self.config = lm, store, config
-        # which pages full-attention layers attend to, and where (tieredkv/placement.py)
+        # which pages full-attention layers attend to, and where (tieredkv/engine/placement.py)
         self.policy = policy if policy is not None else policy_for(config.position)
         self.page_size = config.page_size or lm.default_page_size
         if config.position == "fixed":
-            from tieredkv.rotary import rotary_module
+            from tieredkv.engine.rotary import rotary_module
 
             rotary_module(lm.model)  # fails early, with the reason, on models without rotary
         bind_store(store, lm)
         self.regime_fp = config.regime_fingerprint(lm.fingerprint, self.page_size)
-        self.last_reading = None  # what the last question read (tieredkv/reading.py), if it read
+        self.last_reading = None  # what the last question read (tieredkv/question/reading.py), if it read
         self._closed = False
         self.base_attn = attention.wrap(lm.model)
         self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
@@ -102,7 +102,7 @@ class TieredModel:
 
     def use_policy(self, policy: PlacementPolicy) -> None:
         """Attend with `policy` from now on (this context and the next ones): diagnostics install
-        oracles or other placements here (tieredkv/placement.py)."""
+        oracles or other placements here (tieredkv/engine/placement.py)."""
         self.policy = self.cache.policy = policy
 
     def keep_in_memory(self) -> None:
@@ -203,9 +203,9 @@ class TieredModel:
 
         Over a sealed context that retrieves (right after `ingest` or `graft`), a question first reads:
         with `config.reading`, the passages it is about are read afresh right before it
-        (tieredkv/reading.py; `question` is the text its words are matched with, default the decoded
+        (tieredkv/question/reading.py; `question` is the text its words are matched with, default the decoded
         `new_ids`; what was read is in `last_reading`); with `config.reencode_pages`, its
-        most-retrieved pages are re-encoded beside each layer's retrieval (tieredkv/reencode.py)."""
+        most-retrieved pages are re-encoded beside each layer's retrieval (tieredkv/question/reencode.py)."""
         self._check_open()
         new_ids = self._token_ids(new_ids, "generate")
         given = sorted(set(kwargs) & GREEDY_ONLY) + (["num_beams"] if kwargs.get("num_beams", 1) != 1 else [])
@@ -218,12 +218,12 @@ class TieredModel:
         self.last_reading = None
         if self._sealed_and_retrieving() and not self.cache.reencoded:
             if self.config.reading is not None:
-                from tieredkv.reading import read
+                from tieredkv.question.reading import read
 
                 query = question if question is not None else self.lm.codec.decode(list(new_ids))
                 self.last_reading = read(self.cache, new_ids, query, self.config.reading, self.lm.codec)
             elif self.config.reencode_pages:
-                from tieredkv.reencode import probe, reencode
+                from tieredkv.question.reencode import probe, reencode
 
                 reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
         if len(new_ids) > 1:

@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Callable
 
-from tieredkv.tiered_config import AUTO, ReadingConfig, TieredConfig
+from tieredkv.engine.tiered_config import AUTO, ReadingConfig, TieredConfig
 
 if TYPE_CHECKING:  # NOTE: at run time it imports torch and transformers, which `tieredkv --help` must not wait for
     from tieredkv.artifacts.artifact import Artifact
@@ -42,14 +42,14 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
         # NOTE: a lexical reading's answer attends to the frame and passages computed afresh and to the
         # question, never to the stored pages' K/V (sliding-window layers aside), so the ingest may retrieve
         # per head: a working set of fixed size, ingest as fast at 128K as at 8K, the same answer
-        # (tests/test_per_head.py)
+        # (tests/engine/test_per_head.py)
         config = dataclasses.replace(config, retrieval="per_head")
     return config
 
 
 def _frame(codec) -> tuple[str, str, str]:
     """(text before the document, between the document and the question, after the question)."""
-    from tieredkv.text_codec import chat_frame
+    from tieredkv.models.text_codec import chat_frame
 
     if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
         pre, post = chat_frame(codec)
@@ -77,8 +77,8 @@ def find_artifact(store, name: str, domain: dict) -> Artifact | None:
     """The artifact named `name` that was ingested in `domain` (the same determinism domain, regime
     included), if the store holds one; its manifest is verified (artifacts/manifest.py)."""
     from tieredkv.artifacts.manifest import parse_manifest
-    from tieredkv.domain import domain_differences
-    from tieredkv.tiered_config import stored_under
+    from tieredkv.provenance.domain import domain_differences
+    from tieredkv.engine.tiered_config import stored_under
 
     for art_id in store.list_manifests():
         art = parse_manifest(store.get_manifest(art_id), stored_as=art_id, where=store.path)

@@ -1,0 +1,7 @@
+"""Exactness and provenance: determinism domains, graft-vs-fresh verification, report re-checks.
+
+    domain.py          the determinism domain every artifact and report records
+    verify.py          `tieredkv verify`: graft vs fresh logits, SHA-256, KL, argmax
+    recheck.py         `tieredkv recheck`: re-run a report's recipe and compare its output hashes
+    recheck_verify.py  the recheck plan of a verify report
+"""
