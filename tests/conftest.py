@@ -17,7 +17,7 @@ os.environ.setdefault("TIEREDKV_CACHE", str(Path.home() / ".cache" / "tieredkv")
 def smollm2():
     """The embedded SmolLM2-135M (float32), loaded once per session; skipped if the wheel is absent."""
     from tieredkv.errors import ModelNotFoundError
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     try:
         return load_model("smollm2")
@@ -28,7 +28,7 @@ def smollm2():
 @pytest.fixture(scope="session")
 def tiny_model():
     """`tiny_model(name)` -> a LoadedModel, built once per name per session (seeded, so identical)."""
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     loaded = {}
 

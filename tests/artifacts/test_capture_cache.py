@@ -5,7 +5,7 @@ import torch
 
 from tieredkv.artifacts.artifact import deposit_forward
 from tieredkv.artifacts.capture import CaptureCache, GrowingLayer
-from tieredkv.corpus import python_reference
+from tieredkv.question.corpus import python_reference
 
 
 def _forward(lm, ids, capacity: int):

@@ -9,11 +9,11 @@ import pytest
 from paging import PageStore, StoreConfig
 from testkit.graft_child import fresh_logits, grafted_logits
 from tieredkv.artifacts.artifact import deposit
-from tieredkv.corpus import python_reference
-from tieredkv.domain import sha256_tensor
+from tieredkv.question.corpus import python_reference
+from tieredkv.provenance.domain import sha256_tensor
 from tieredkv.errors import UnsupportedModelError
-from tieredkv.models import TINY_MODELS
-from tieredkv.verify import VerifySpec, verify
+from tieredkv.models.loading import TINY_MODELS
+from tieredkv.provenance.verify import VerifySpec, verify
 
 SMALL = VerifySpec(tokens=80, samples=3, continuation=8)
 
@@ -92,7 +92,7 @@ def test_longer_deposit_reuses_the_shorter_ones_pages_and_stays_exact(tiny_model
 
 def test_a_nan_kl_is_reported_not_dropped(tiny_model, monkeypatch, capsys):
     """max() silently drops NaN; a sample whose KL is NaN must make kl_max None (JSON has no NaN)."""
-    import tieredkv.verify as verify_mod
+    import tieredkv.provenance.verify as verify_mod
     from tieredkv.cli import main
 
     kls = iter([0.25, float("nan"), 0.5] * 2)

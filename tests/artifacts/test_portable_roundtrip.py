@@ -13,9 +13,9 @@ from testkit.faults import (PAGE_SIZE, continuation_logits, corpus_text, flip_lm
                                    rewrite_header, store_config)
 from tieredkv.artifacts.artifact import deposit, graft, load_pages
 from tieredkv.artifacts.file_format import FILE_VERSION, PREFIX, ArtifactFormatError, ArtifactVersionError
-from tieredkv.domain import determinism_domain, sha256_tensor
+from tieredkv.provenance.domain import determinism_domain, sha256_tensor
 from tieredkv.errors import ArtifactNotFoundError, DomainMismatchError, ModelMismatchError, TieredKVError
-from tieredkv.models import load_model
+from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header, verify_file
 
 

@@ -18,10 +18,10 @@ import torch
 from paging import PageStore
 from testkit.graft_child import fresh_logits
 from tieredkv.artifacts.artifact import graft, grafted_token_ids
-from tieredkv.corpus import python_reference
-from tieredkv.domain import sha256_tensor
+from tieredkv.question.corpus import python_reference
+from tieredkv.provenance.domain import sha256_tensor
 
-CHILD = Path(__file__).resolve().parents[1] / "testkit" / "graft_child.py"
+CHILD = Path(__file__).resolve().parents[2] / "testkit" / "graft_child.py"
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 # ASCII, so byte tokens == characters; 96 tokens = 3 full pages of tiny-llama
 TEXT = python_reference().encode("ascii", "ignore").decode()[:96]

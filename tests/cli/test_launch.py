@@ -16,7 +16,7 @@ import pytest
 
 from testkit.trust_faults import one_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def is_one_line_error(err: str) -> bool:

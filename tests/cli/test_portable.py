@@ -11,7 +11,7 @@ from paging import PageStore
 from testkit.faults import PAGE_SIZE, corpus_text, flip_file_bit, flip_lmdb_value_bit, store_config
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.cli import main
-from tieredkv.models import load_model
+from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import read_header
 
 

@@ -18,10 +18,10 @@ import pytest
 from paging import PageStore, StoreConfig
 from testkit.redis_server import redis_server  # noqa: F401  (fixture)
 from testkit.trust_faults import ENV, bad_cli_inputs, cli_many
-from tests.test_trust_store import REPO
+from tests.trust.test_store import REPO
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.portable import ArtifactWriteError, export_artifact
-from tieredkv.corpus import python_reference
+from tieredkv.question.corpus import python_reference
 
 TEXT = python_reference().encode("ascii", "ignore").decode()[:120]
 

@@ -11,8 +11,8 @@ from paging.errors import LayoutMismatchError
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.check import check_store
 from tieredkv.errors import ClosedError, EmptyInputError, TokenIdsError
-from tieredkv.tiered_config import ReadingConfig, TieredConfig
-from tieredkv.tiered_model import TieredModel
+from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
+from tieredkv.engine.tiered_model import TieredModel
 
 CONFIG = TieredConfig(local_pages=2, topk_pages=2)  # tiny-llama's 32-token pages: 300 tokens retrieve
 

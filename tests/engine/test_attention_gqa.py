@@ -1,5 +1,5 @@
 """Grouped K/V heads without `repeat_kv`: a masked prefill chunk on CPU runs SDPA with `enable_gqa` over the
-working set (tieredkv/attention.py), and must give the bytes transformers' `repeat_kv` path gives."""
+working set (tieredkv/engine/attention.py), and must give the bytes transformers' `repeat_kv` path gives."""
 from __future__ import annotations
 
 import subprocess
@@ -11,11 +11,11 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import repeat_kv
 
-import tieredkv.attention as attention
+import tieredkv.engine.attention as attention
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
-from tieredkv.tiered_config import TieredConfig
-from tieredkv.tiered_model import TieredModel
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel
 
 SHAPES = [  # (query heads, K/V heads, queries, keys, head dim)
     (9, 3, 128, 3000, 64),  # smollm2
@@ -31,7 +31,7 @@ SHAPES = [  # (query heads, K/V heads, queries, keys, head dim)
 _CHILD = """
 import sys, torch
 from transformers.integrations.sdpa_attention import repeat_kv
-import tieredkv.attention as attention
+import tieredkv.engine.attention as attention
 
 SHAPES = %r
 dtype, threads = getattr(torch, sys.argv[1]), int(sys.argv[2])
@@ -56,7 +56,7 @@ print("equal")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_enable_gqa_gives_the_bytes_of_repeat_kv(dtype, threads):
     done = subprocess.run([sys.executable, "-c", _CHILD % (SHAPES,), dtype, str(threads)], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0 and done.stdout.strip() == "equal", done.stderr[-2000:]
 
 

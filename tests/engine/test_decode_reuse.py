@@ -1,11 +1,11 @@
 """TieredConfig.reuse_steps: approximate and opt-in; off, the selection is searched at every step."""
 import torch
 
-import tieredkv.tiered_cache as tiered_cache
+import tieredkv.engine.tiered_cache as tiered_cache
 from paging import PageStore, StoreConfig
-from tieredkv.qa import find_artifact
-from tieredkv.tiered_config import TieredConfig
-from tieredkv.tiered_model import TieredModel
+from tieredkv.question.qa import find_artifact
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel
 
 
 def _answer(lm, path, cfg, ids):

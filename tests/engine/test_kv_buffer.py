@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from tieredkv.kv_buffer import HOLE_POS, SlotKey, WorkingSetBuffer
-from tieredkv.working_set import build_mask
+from tieredkv.engine.kv_buffer import HOLE_POS, SlotKey, WorkingSetBuffer
+from tieredkv.engine.working_set import build_mask
 
 H, D = 2, 4
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tiered_model import _ids, tiered
+from tests.engine.test_tiered_model import _ids, tiered
 from transformers import AttentionInterface, DynamicCache
 
-from tieredkv.placement import FixedDistance, OwnPositions
-from tieredkv.rotary import rerotate
-from tieredkv.tiered_config import TieredConfig
-from tieredkv.working_set import fixed_positions
+from tieredkv.engine.placement import FixedDistance, OwnPositions
+from tieredkv.engine.rotary import rerotate
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.working_set import fixed_positions
 
 SMALL = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1)
 PAGE = 32  # tiny models' default page size
@@ -177,9 +177,9 @@ def test_per_head_is_its_own_regime_and_union_keeps_the_old_one():
 def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_path):
     """What `tieredkv qa` does beyond the window: the question reads its passage afresh and attends to
     nothing stored, so a per-head ingest (other page bytes) gives the very same logits."""
-    from tieredkv.qa import qa_config
-    from tieredkv.reading import read
-    from tieredkv.tiered_config import ReadingConfig
+    from tieredkv.question.qa import qa_config
+    from tieredkv.question.reading import read
+    from tieredkv.engine.tiered_config import ReadingConfig
 
     lm = tiny_model("tiny-llama")
     doc = _ids(700, 4)

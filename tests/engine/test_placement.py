@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tiered_model import _ids, tiered
+from tests.engine.test_tiered_model import _ids, tiered
 
-from tieredkv.placement import FixedDistance, ForcedPages, OwnPositions, PlacementPolicy, grouped_queries
-from tieredkv.tiered_cache import FullAttentionLayer, SlidingWindowLayer
-from tieredkv.tiered_config import TieredConfig
+from tieredkv.engine.placement import FixedDistance, ForcedPages, OwnPositions, PlacementPolicy, grouped_queries
+from tieredkv.engine.tiered_cache import FullAttentionLayer, SlidingWindowLayer
+from tieredkv.engine.tiered_config import TieredConfig
 
 SMALL = dict(sink_pages=1, local_pages=2, topk_pages=1, chunk_pages=1)
 

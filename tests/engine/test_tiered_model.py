@@ -11,10 +11,10 @@ from transformers import DynamicCache
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
-from tieredkv.models import TINY_MODELS
-from tieredkv.tiered_cache import TieredCache
-from tieredkv.tiered_config import TieredConfig
-from tieredkv.tiered_model import TieredModel
+from tieredkv.models.loading import TINY_MODELS
+from tieredkv.engine.tiered_cache import TieredCache
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel
 
 ROTARY = [m for m in TINY_MODELS if m != "tiny-gpt2"]
 
@@ -41,7 +41,7 @@ def _plain_logits(lm, ids: list[int], chunk: int, cache=None) -> torch.Tensor:
 
 
 def _tiered_logits(tm: TieredModel, ids: list[int]) -> torch.Tensor:
-    from tieredkv.schedule import canonical_chunks
+    from tieredkv.engine.schedule import canonical_chunks
 
     chunk = tm.page_size * tm.config.chunk_pages
     start = tm.num_tokens
@@ -222,7 +222,7 @@ def test_ingesting_a_document_that_extends_an_earlier_one(tiny_model, tmp_path):
 def test_device_budget_below_one_working_set_warns(tiny_model, tmp_path):
     import warnings
 
-    from tieredkv.tiered_model import working_set_bytes
+    from tieredkv.engine.tiered_model import working_set_bytes
 
     lm = tiny_model("tiny-llama")
     cfg = TieredConfig(page_size=32, sink_pages=1, local_pages=2, topk_pages=2)
@@ -242,7 +242,7 @@ def test_fixed_policy_scores_pages_where_they_are_attended(tiny_model, tmp_path)
     positions, not over the keys at their own (far beyond the window) positions."""
     import numpy as np
 
-    from tieredkv.rotary import rerotate
+    from tieredkv.engine.rotary import rerotate
 
     lm = tiny_model("tiny-llama")
     cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
@@ -262,7 +262,7 @@ def test_fixed_policy_scores_pages_where_they_are_attended(tiny_model, tmp_path)
 
 def _rotated_by_the_rotary_itself(model, keys, delta, layer_idx):
     """The reference rotation: the model's rotary called once over every token's distance."""
-    from tieredkv.rotary import _layer_type, rotary_module
+    from tieredkv.engine.rotary import _layer_type, rotary_module
 
     def rotate_half(x):
         return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
@@ -279,7 +279,7 @@ def test_rerotate_gives_the_bytes_of_the_rotary_own_call(tiny_model, name):
     """rerotate computes each distinct distance once and keeps static rotaries' rows: the result must
     be the bytes of the rotary's own per-token call, on a first call, a repeat, and for a dynamic
     rotary (which is never kept)."""
-    from tieredkv.rotary import rerotate
+    from tieredkv.engine.rotary import rerotate
 
     if name == "dynamic":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -314,7 +314,7 @@ def test_rerotate_gives_the_bytes_of_the_rotary_own_call(tiny_model, name):
 
 
 def test_fixed_policy_moves_all_far_pages_in_one_rotation_with_the_same_bytes(tiny_model):
-    from tieredkv.rotary import rerotate
+    from tieredkv.engine.rotary import rerotate
 
     lm = tiny_model("tiny-llama")
     cache = SimpleNamespace(model=lm.model)
@@ -413,7 +413,7 @@ def test_decode_steps_in_place_copy_less_and_keep_graft_equal_to_fresh(position,
     is documented as approximate), and a graft still continues torch.equal to a fresh run, also
     when the question's first chunk is a single token right after the ingest (a step that must not
     start from the ingest's layout)."""
-    from tieredkv.placement import policy_for
+    from tieredkv.engine.placement import policy_for
 
     lm = tiny_model("tiny-llama")
     cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position=position,
@@ -501,7 +501,7 @@ def test_qa_over_damaged_pages_names_the_damage_and_the_remedy(tmp_path, capsys)
 def test_qa_warns_when_own_positions_run_past_the_window(tmp_path, capsys, monkeypatch):
     """`--position own` is the user's choice past the window too, but never a silent one (a 256-position
     window stands in for the 8,192 of the real model, so the document stays small)."""
-    import tieredkv.models as models
+    import tieredkv.models.loading as models
     from tieredkv.cli import main
 
     real = models.load_model

@@ -1,8 +1,8 @@
 """The pure working-set rules: page selection, masks from absolute positions, fixed placement."""
 import torch
 
-from tieredkv.schedule import canonical_chunks
-from tieredkv.working_set import (Span, build_mask, fixed_positions, merge_ranked, retrieval_excluded, select_pages,
+from tieredkv.engine.schedule import canonical_chunks
+from tieredkv.engine.working_set import (Span, build_mask, fixed_positions, merge_ranked, retrieval_excluded, select_pages,
                                  sliding_spans)
 
 

@@ -17,7 +17,7 @@ from testkit.faults import (PAGE_SIZE, corpus_text, header_flip_outcomes, hostil
                                    truncation_outcomes)
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.file_format import PREFIX, ArtifactIntegrityError
-from tieredkv.models import load_model
+from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header
 
 TYPED = {"ArtifactFormatError", "ArtifactTruncatedError", "ArtifactVersionError", "ArtifactIntegrityError"}

@@ -12,7 +12,7 @@ import torch
 from paging import PageStore
 from testkit.faults import (PAGE_SIZE, ForkRunner, corpus_text, deposit_kill_run, export_kill_run,
                                    make_store, stale_reader_reclaimed, store_config)
-from tieredkv.models import load_model
+from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact
 
 

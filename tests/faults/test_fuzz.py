@@ -12,7 +12,7 @@ from paging import PageStore
 from testkit.faults import PAGE_SIZE, corpus_text, mutate, store_config
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.file_format import MAGIC, PREFIX, ArtifactFormatError
-from tieredkv.models import load_model
+from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, verify_file
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,

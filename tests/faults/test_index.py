@@ -7,9 +7,9 @@ import torch
 from paging import PageStore
 from testkit.faults import (INDEX_DAMAGES, PAGE_SIZE, corpus_text, index_fault_run, search_results,
                                    store_config, tiered_config)
-from tieredkv.models import load_model
+from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, import_artifact
-from tieredkv.tiered_model import TieredModel
+from tieredkv.engine.tiered_model import TieredModel
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from paging import PageStore, StoreConfig
 from testkit.trust_faults import cli_many, key_offsets
 from tieredkv.artifacts.artifact import deposit
-from tieredkv.corpus import python_reference
+from tieredkv.question.corpus import python_reference
 
 PAGE = 16
 LMDB_PAGE = 4096

@@ -14,7 +14,7 @@ from paging import PageStore, StoreConfig
 from tieredkv.errors import EmptyInputError
 from tieredkv.library.solutions import Library, SolutionRejectedError
 from tieredkv.library.entries import CorruptLibraryError, problem_sha256
-from tieredkv.tiered_config import TieredConfig
+from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, FunctionVerifier, VerifierIdentityError,
                                 load_verifier, verifier_identity)
 
@@ -73,7 +73,7 @@ def test_verifiers_and_their_identity(tmp_path):
     path = tmp_path / "key.json"
     path.write_text(json.dumps({"Q?": "A"}))
     assert load_verifier(f"answer-key:{path}").check("q?", "a").accepted
-    assert load_verifier("tests.test_library:accept_nonempty").check("q", "x").accepted
+    assert load_verifier("tests.library.test_library:accept_nonempty").check("q", "x").accepted
     assert load_verifier("arithmetic").name == "arithmetic"
 
 

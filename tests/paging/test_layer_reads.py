@@ -10,7 +10,7 @@ import torch
 
 from paging import CorruptPageError, PageStore, StoreConfig
 
-from test_paging_store import LAYER_NB, NB, make_chain
+from tests.paging.test_store import LAYER_NB, NB, make_chain
 
 
 def _store(path) -> PageStore:
@@ -83,7 +83,7 @@ def test_other_layers_bytes_are_served_only_as_verified(tmp_path):
 
 
 def test_the_prefetcher_leaves_pages_read_by_layer(tmp_path):
-    from tieredkv.prefetch import Prefetcher
+    from tieredkv.engine.prefetch import Prefetcher
 
     pages = make_chain(2)
     with _store(tmp_path / "s") as store:

@@ -20,7 +20,7 @@ from paging import (ROOT_KEY, CorruptPageError, LMDBTier, ManifestNotFoundError,
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 2, 4, "float32", 4)
 NB = LAYOUT.payload_nbytes(4)  # 512 payload bytes per full page
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def make_chain(n: int, *, seed: int = 0, fp: str = FP) -> list[Page]:

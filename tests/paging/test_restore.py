@@ -9,7 +9,7 @@ import torch
 from paging import CorruptPageError, PageNotFoundError, PageStore, StoreConfig
 from paging.restore import kv_view, restore_nbytes
 
-from test_paging_store import LAYOUT, NB, make_chain
+from tests.paging.test_store import LAYOUT, NB, make_chain
 
 
 def _expected(pages) -> torch.Tensor:

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tieredkv.errors import DomainMismatchError
-from tieredkv.recheck import RecheckError, plan_for, recheck, verify_outputs
+from tieredkv.provenance.recheck import RecheckError, plan_for, recheck, verify_outputs
 
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 AMD = "AuthenticAMD AMD EPYC 7B13 64-Core Processor"
@@ -80,7 +80,7 @@ def test_recheck_reproduces_a_fresh_verify_report(verify_report, tmp_path):
 
 
 def test_recheck_fails_when_one_hash_is_altered(verify_report, tmp_path, monkeypatch, capsys):
-    import tieredkv.recheck as rc
+    import tieredkv.provenance.recheck as rc
     from tieredkv.cli import main
 
     monkeypatch.setattr(rc, "run_subprocess", _rerun_of(verify_report))
@@ -134,7 +134,7 @@ def test_case9_a_report_from_another_cpu_is_rechecked_by_relations(verify_report
     assert result.count("hash") == (4, 4)  # corpus and the inputs: the same in any domain
     assert result.count("relation") == (3, 3)  # grafted == fresh in every re-run row
     assert result.count("domain-specific") == (0, 6)  # logits hashes: not evidence either way
-    from tieredkv.recheck import format_table
+    from tieredkv.provenance.recheck import format_table
 
     text = format_table(result)
     assert "ANOTHER machine" in text and "committed output hashes are domain-specific" in text

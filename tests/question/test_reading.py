@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tiered_model import _ids, tiered
+from tests.engine.test_tiered_model import _ids, tiered
 
 from index.lexical import BM25Index, words
-from tieredkv.reading import CompactReading, centre, fragments, fuse, merge, rank, word_weights
-from tieredkv.tiered_config import ReadingConfig, TieredConfig
-from tieredkv.working_set import Span
+from tieredkv.question.reading import CompactReading, centre, fragments, fuse, merge, rank, word_weights
+from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
+from tieredkv.engine.working_set import Span
 
 READ = ReadingConfig(passages=1, passage_tokens=96, signal="lexical")
 FIXED = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
@@ -102,7 +102,7 @@ def test_reading_is_the_plain_model_over_the_packed_passages(frame, tiny_model, 
     from transformers import DynamicCache
 
     from tieredkv.artifacts.artifact import prefill
-    from tieredkv.reading import read
+    from tieredkv.question.reading import read
 
     lm = tiny_model("tiny-llama")
     doc, question = _ids(700, 4), _ids(20, 5)

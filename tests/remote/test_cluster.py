@@ -9,7 +9,7 @@ from redis.crc import key_slot
 from paging import (CorruptPageError, PageNotFoundError, PageStore, RemoteTier,
                     RemoteTierWarning, RemoteUnavailableError, StoreConfig)
 from testkit.redis_server import RedisCluster3, requires_server
-from tests.test_remote_tier import FP, make_chain
+from tests.remote.test_tier import FP, make_chain
 
 pytestmark = requires_server
 

@@ -17,10 +17,10 @@ from transformers import DynamicCache
 from paging import PageNotFoundError, PageStore, RemoteTierWarning, StoreConfig
 from testkit.redis_server import RedisServer, redis_server, requires_server  # noqa: F401
 from tieredkv.artifacts.artifact import deposit, graft, load_artifact, prefill
-from tieredkv.corpus import python_reference
-from tieredkv.domain import sha256_tensor
+from tieredkv.question.corpus import python_reference
+from tieredkv.provenance.domain import sha256_tensor
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 PREFIX_CHARS, CONT_CHARS = 1000, 40  # ByteTokenizer: one token per byte; 32-token pages
 
@@ -30,9 +30,9 @@ import torch
 from transformers import DynamicCache
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import deposit, graft, load_artifact, prefill
-from tieredkv.corpus import python_reference
-from tieredkv.domain import sha256_tensor
-from tieredkv.models import load_model
+from tieredkv.question.corpus import python_reference
+from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.models.loading import load_model
 
 role, store_dir, url, artifact_id = sys.argv[1:5]
 lm = load_model("{model}")
@@ -88,7 +88,7 @@ def test_two_hosts_deposit_and_graft_through_the_server(redis_server, tmp_path):
 # -- the server restarts / dies while host 2 grafts (in this process) -----------------
 @pytest.fixture(scope="module")
 def lm():
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
 
     return load_model(MODEL)
 

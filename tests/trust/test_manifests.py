@@ -22,7 +22,7 @@ from tieredkv.artifacts.file_format import encode_header
 from tieredkv.artifacts.manifest import ManifestIntegrityError, parse_manifest
 from tieredkv.artifacts.portable import ArtifactIntegrityError, export_artifact, import_artifact
 from tieredkv.cli import main
-from tieredkv.corpus import python_reference
+from tieredkv.question.corpus import python_reference
 
 PAGE = 8
 

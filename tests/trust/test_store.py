@@ -25,9 +25,9 @@ from testkit.faults import lmdb_used_nbytes
 from testkit.trust_faults import ENV, cli_many
 from tieredkv.artifacts.artifact import deposit, graft
 from tieredkv.artifacts.check import check_store
-from tieredkv.corpus import python_reference
+from tieredkv.question.corpus import python_reference
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGE = 8
 
 
@@ -146,7 +146,7 @@ PAUSED_DEPOSIT = textwrap.dedent("""
     import json, sys
     from paging import PageStore, StoreConfig
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.models import load_model
+    from tieredkv.models.loading import load_model
     lm = load_model("tiny-llama")
     store, text = sys.argv[1], sys.argv[2]
     paused = []
