@@ -10,33 +10,33 @@ VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> 
                  "(a Verifier class or instance, or a function (problem, solution) -> bool)")
 
 
-def _library(a, store):
+def _library(args, store):
     from tieredkv.library.solutions import Library
     from tieredkv.models.loading import load_model
 
-    return Library(load_model(a.model), store, name=a.library, max_new_tokens=a.max_new_tokens,
-                   confirm_tokens=a.confirm_tokens)
+    return Library(load_model(args.model), store, name=args.library, max_new_tokens=args.max_new_tokens,
+                   confirm_tokens=args.confirm_tokens)
 
 
-def cmd_add(a) -> int:
+def cmd_add(args) -> int:
     from tieredkv.library.verifiers import load_verifier
 
-    verifier = load_verifier(a.verifier)
-    with nothing_left_if_refused(a.store), open_store(a.store) as store:
-        entry = _library(a, store).add(a.problem, a.solution, verifier)
-    print_json({**entry.to_dict(), "store": a.store, "library": a.library})
+    verifier = load_verifier(args.verifier)
+    with nothing_left_if_refused(args.store), open_store(args.store) as store:
+        entry = _library(args, store).add(args.problem, args.solution, verifier)
+    print_json({**entry.to_dict(), "store": args.store, "library": args.library})
     return 0
 
 
-def cmd_solve(a) -> int:
+def cmd_solve(args) -> int:
     from tieredkv.library.verifiers import load_verifier
 
-    verifier = load_verifier(a.verifier)
-    with nothing_left_if_refused(a.store) as outcome, open_store(a.store) as store:
-        result = _library(a, store).solve(a.problem, verifier, deposit=not a.no_deposit)
+    verifier = load_verifier(args.verifier)
+    with nothing_left_if_refused(args.store) as outcome, open_store(args.store) as store:
+        result = _library(args, store).solve(args.problem, verifier, deposit=not args.no_deposit)
         if not result.accepted:
             outcome.refused()  # NOTE: an unverified answer deposits nothing; a store made for it goes again
-    if a.json:
+    if args.json:
         print_json(result.to_dict())
     else:
         print(result.answer)
@@ -46,17 +46,17 @@ def cmd_solve(a) -> int:
     return 0 if result.accepted else 1
 
 
-def cmd_list(a) -> int:
+def cmd_list(args) -> int:
     from tieredkv.library.entries import LibraryIndex
 
-    with open_store(a.store, must_exist=True) as store:
-        index = LibraryIndex(store, a.library)
+    with open_store(args.store, must_exist=True) as store:
+        index = LibraryIndex(store, args.library)
         entries = index.entries()
         version = index.version
-    if a.json:
-        print_json({"library": a.library, "version": version, "entries": [e.to_dict() for e in entries]})
+    if args.json:
+        print_json({"library": args.library, "version": version, "entries": [e.to_dict() for e in entries]})
         return 0
-    print(f"library {a.library!r}: {len(entries)} verified entries, version {version}")
+    print(f"library {args.library!r}: {len(entries)} verified entries, version {version}")
     for e in entries:
         problem = " ".join(e.problem.split())
         solution = " ".join(e.solution.split())

@@ -27,40 +27,40 @@ EXTENSIONS = ("tieredkv.cli.qa", "tieredkv.cli.portable", "tieredkv.cli.remote",
               "tieredkv.cli.recheck")
 
 
-def cmd_deposit(a) -> int:
+def cmd_deposit(args) -> int:
     from tieredkv.artifacts.artifact import deposit
     from tieredkv.models.loading import load_model
     from tieredkv.progress import token_bar
 
-    if (a.file is None) == (a.text is None):
+    if (args.file is None) == (args.text is None):
         raise InputError("give exactly one of FILE or --text")
-    text = a.text if a.text is not None else read_text_file(a.file, "FILE")
+    text = args.text if args.text is not None else read_text_file(args.file, "FILE")
     if not text.strip():
-        raise EmptyInputError(f"nothing to deposit: {'--text' if a.text is not None else a.file} is empty or blank")
-    lm = load_model(a.model, quiet=a.quiet)
-    with nothing_left_if_refused(a.store), _open_store(a.store) as store, token_bar("deposit", quiet=a.quiet) as bar:
-        art = deposit(lm, text, store, page_size=a.page_size, name=a.name or (a.file or ""), progress=bar)
-    _print({**art.summary(), "store": str(a.store)})
+        raise EmptyInputError(f"nothing to deposit: {'--text' if args.text is not None else args.file} is empty or blank")
+    lm = load_model(args.model, quiet=args.quiet)
+    with nothing_left_if_refused(args.store), _open_store(args.store) as store, token_bar("deposit", quiet=args.quiet) as bar:
+        art = deposit(lm, text, store, page_size=args.page_size, name=args.name or (args.file or ""), progress=bar)
+    _print({**art.summary(), "store": str(args.store)})
     return 0
 
 
-def cmd_graft(a) -> int:
-    require_store(a.store)  # before torch and the model load for nothing
+def cmd_graft(args) -> int:
+    require_store(args.store)  # before torch and the model load for nothing
     import torch
 
     from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
     from tieredkv.models.loading import load_model
 
-    lm = load_model(a.model)
-    with _open_store(a.store, must_exist=True) as store:
-        art = load_artifact(store, a.artifact)
-        new = lm.codec.encode(a.prompt)
-        _check_window(lm, art.num_tokens + len(new), a.max_new_tokens)
-        cache = graft(lm, art, store, allow_domain_mismatch=a.allow_domain_mismatch)
+    lm = load_model(args.model)
+    with _open_store(args.store, must_exist=True) as store:
+        art = load_artifact(store, args.artifact)
+        new = lm.codec.encode(args.prompt)
+        _check_window(lm, art.num_tokens + len(new), args.max_new_tokens)
+        cache = graft(lm, art, store, allow_domain_mismatch=args.allow_domain_mismatch)
         prefix = grafted_token_ids(store, art)
     ids = torch.tensor([prefix + new])
     with torch.inference_mode():
-        out = lm.model.generate(ids, past_key_values=cache, max_new_tokens=a.max_new_tokens, do_sample=False,
+        out = lm.model.generate(ids, past_key_values=cache, max_new_tokens=args.max_new_tokens, do_sample=False,
                                 pad_token_id=lm.codec.eos_token_id)
     print(lm.codec.decode(out[0, ids.shape[1]:].tolist()))
     return 0
@@ -79,19 +79,19 @@ def _check_window(lm, num_tokens: int, max_new_tokens: int) -> None:
                          "position policy is made for beyond the window)")
 
 
-def cmd_verify(a) -> int:
+def cmd_verify(args) -> int:
     from tieredkv.models.loading import load_model
     from tieredkv.progress import count_bar
     from tieredkv.provenance.verify import VerifySpec, verify
 
-    lm = load_model(a.model, quiet=a.quiet or a.json)
-    spec = VerifySpec(tokens=a.tokens, samples=a.samples, continuation=a.continuation, shift=a.shift,
-                      page_size=a.page_size, seed=a.seed)
-    with count_bar("verify", spec.samples, unit="sample", quiet=a.quiet or a.json) as bar:
+    lm = load_model(args.model, quiet=args.quiet or args.json)
+    spec = VerifySpec(tokens=args.tokens, samples=args.samples, continuation=args.continuation, shift=args.shift,
+                      page_size=args.page_size, seed=args.seed)
+    with count_bar("verify", spec.samples, unit="sample", quiet=args.quiet or args.json) as bar:
         report = verify(lm, spec, progress=bar)
-    if not a.rows:
+    if not args.rows:
         report.pop("rows")
-    if a.json:
+    if args.json:
         _print(report)
     else:
         print(f"model {report['model']} ({report['model_fingerprint'][:16]}…), domain {report['domain_id']}, "
@@ -101,11 +101,11 @@ def cmd_verify(a) -> int:
         kl = report["kl_max"]
         print(f"  kl_max            {'nan' if kl is None else format(kl, '.3g')}")
         print(f"  argmax_agreement  {report['argmax_agreement']:.4f}")
-    return 0 if a.shift or report["sha256_equal"] == report["samples"] else 1
+    return 0 if args.shift or report["sha256_equal"] == report["samples"] else 1
 
 
-def cmd_stats(a) -> int:
-    with _open_store(a.store, must_exist=True) as store:
+def cmd_stats(args) -> int:
+    with _open_store(args.store, must_exist=True) as store:
         st = store.stats()
         st["artifacts"] = store.list_manifests()
     _print(st)

@@ -21,17 +21,17 @@ from tieredkv.cli.common import (DEFAULT_MODEL, InputError, fraction, model_arg,
                                  open_store, print_json, regular_file, require_store, store_args)
 
 
-def cmd_export(a) -> int:
+def cmd_export(args) -> int:
     import sys
 
     from tieredkv.artifacts.portable import export_artifact
     from tieredkv.progress import count_bar
 
-    to_stdout = a.output == "-"
-    with open_store(a.store, must_exist=True) as store, \
-            count_bar("export", None, unit="page", quiet=a.quiet or to_stdout) as bar:
-        summary = export_artifact(store, a.artifact, sys.stdout.buffer if to_stdout else a.output, progress=bar)
-    summary = {**summary, "store": str(a.store)}
+    to_stdout = args.output == "-"
+    with open_store(args.store, must_exist=True) as store, \
+            count_bar("export", None, unit="page", quiet=args.quiet or to_stdout) as bar:
+        summary = export_artifact(store, args.artifact, sys.stdout.buffer if to_stdout else args.output, progress=bar)
+    summary = {**summary, "store": str(args.store)}
     if to_stdout:  # the file went to stdout: the summary goes to stderr
         print(json.dumps(summary, indent=2, sort_keys=True), file=sys.stderr)
     else:
@@ -39,43 +39,43 @@ def cmd_export(a) -> int:
     return 0
 
 
-def cmd_import(a) -> int:
+def cmd_import(args) -> int:
     from tieredkv.artifacts.portable import import_artifact, read_header
     from tieredkv.progress import count_bar
 
     expected_fp = expected_domain = recomputer = None
-    if a.verify_recompute is not None and a.model is None:
+    if args.verify_recompute is not None and args.model is None:
         raise InputError("--verify-recompute needs --model (the model that recomputes the pages)")
-    if a.seed is not None and a.verify_recompute is None:
+    if args.seed is not None and args.verify_recompute is None:
         raise InputError("--seed picks the pages --verify-recompute recomputes: give --verify-recompute FRACTION "
                          "too, or drop --seed")
-    if a.allow_domain_mismatch and a.model is None:
+    if args.allow_domain_mismatch and args.model is None:
         raise InputError("--allow-domain-mismatch needs --model (the domain to compare with)")
-    path = regular_file(a.file, "artifact file")  # NOTE: after the flags: a usage error is told first
+    path = regular_file(args.file, "artifact file")  # NOTE: after the flags: a usage error is told first
     promise = "not checked (no --model): give --model to compare the artifact's domain with this machine's"
-    if a.model is not None:
+    if args.model is not None:
         from tieredkv.provenance.domain import determinism_domain, domain_differences
         from tieredkv.models.loading import load_model
 
-        lm = load_model(a.model, quiet=a.quiet)
+        lm = load_model(args.model, quiet=args.quiet)
         art = read_header(path).artifact
         expected_fp, expected_domain = lm.fingerprint, determinism_domain(lm.model, lm.fingerprint, art.page_size)
         diffs = domain_differences(art.domain, expected_domain)
         promise = ("same domain: grafts give logits byte-equal to a fresh computation here" if not diffs else
                    f"another domain ({'; '.join(diffs)}): grafts run, but their logits are not promised to equal a "
                    "fresh computation here, and the pages are not recomputable here")
-        if a.verify_recompute is not None:
+        if args.verify_recompute is not None:
             if diffs:
                 raise InputError(f"--verify-recompute: the artifact was made in another determinism domain "
                                  f"({'; '.join(diffs)}); its pages reproduce only in their own domain")
             from tieredkv.artifacts.recompute import Recomputer
 
-            recomputer = Recomputer(lm, art, a.verify_recompute, seed=a.seed or 0)
-    with (nothing_left_if_refused(a.store), open_store(a.store) as store,
-          count_bar("import", None, unit="page", quiet=a.quiet) as bar):
+            recomputer = Recomputer(lm, art, args.verify_recompute, seed=args.seed or 0)
+    with (nothing_left_if_refused(args.store), open_store(args.store) as store,
+          count_bar("import", None, unit="page", quiet=args.quiet) as bar):
         art = import_artifact(path, store, expected_fingerprint=expected_fp, expected_domain=expected_domain,
-                              allow_domain_mismatch=a.allow_domain_mismatch, progress=bar, recompute=recomputer)
-    out = {**art.summary(), "store": str(a.store), "file": str(a.file), "exactness": promise}
+                              allow_domain_mismatch=args.allow_domain_mismatch, progress=bar, recompute=recomputer)
+    out = {**art.summary(), "store": str(args.store), "file": str(args.file), "exactness": promise}
     if recomputer is not None:
         out["recompute"] = recomputer.report()
     print_json(out)
@@ -85,17 +85,17 @@ def cmd_import(a) -> int:
 CHECK_CHILD_ENV = "TIEREDKV_CHECK_CHILD"  # set in the child process that walks the store
 
 
-def cmd_check(a) -> int:
+def cmd_check(args) -> int:
     """Walk the store in a child process: LMDB checksums nothing, and a damaged page pointer can crash it
     inside the C library (SIGBUS, or an assertion that aborts); the parent turns that into a report."""
-    if a.model is not None and a.recompute is None:  # NOTE: else a user may take the report for a check against it
+    if args.model is not None and args.recompute is None:  # NOTE: else a user may take the report for a check against it
         raise InputError("--model is the model --recompute recomputes pages with; check compares no model "
                          "without it: give --recompute FRACTION too, or drop --model")
     if os.environ.get(CHECK_CHILD_ENV):
-        return _check_here(a)
-    require_store(a.store)  # here, before a second interpreter starts for nothing
-    argv = ["check", "--store", a.store, "--sample", repr(a.sample), "--seed", str(a.seed)]
-    argv += [] if a.recompute is None else ["--recompute", repr(a.recompute), "--model", a.model or DEFAULT_MODEL]
+        return _check_here(args)
+    require_store(args.store)  # here, before a second interpreter starts for nothing
+    argv = ["check", "--store", args.store, "--sample", repr(args.sample), "--seed", str(args.seed)]
+    argv += [] if args.recompute is None else ["--recompute", repr(args.recompute), "--model", args.model or DEFAULT_MODEL]
     child = subprocess.run([sys.executable, "-m", "tieredkv.cli", *argv], capture_output=True, text=True,
                            env={**os.environ, CHECK_CHILD_ENV: "1"})
     sys.stdout.write(child.stdout)
@@ -104,8 +104,8 @@ def cmd_check(a) -> int:
         return child.returncode
     name = signal.Signals(-child.returncode).name
     said = " ".join((child.stderr.strip().splitlines() or [""])[-1].split())[:200]
-    return _unreadable(a.store, None, f"LMDB crashed ({name}{': ' + said if said else ''}) while reading "
-                       f"{a.store}/data.mdb: a page pointer or page of the file was altered, so the library read "
+    return _unreadable(args.store, None, f"LMDB crashed ({name}{': ' + said if said else ''}) while reading "
+                       f"{args.store}/data.mdb: a page pointer or page of the file was altered, so the library read "
                        "where no page is (LMDB checksums nothing)")  # (opened None: the open may have crashed)
 
 
@@ -118,30 +118,30 @@ def _unreadable(store: str, opened: bool | None, damage: str) -> int:
     return 1
 
 
-def _check_here(a) -> int:
+def _check_here(args) -> int:
     from tieredkv.artifacts.artifact import store_fingerprint
     from tieredkv.artifacts.check import check_store
     from tieredkv.errors import ModelMismatchError
 
     lm = None
-    if a.recompute is not None:
+    if args.recompute is not None:
         from tieredkv.models.loading import load_model
 
-        lm = load_model(a.model or DEFAULT_MODEL)
+        lm = load_model(args.model or DEFAULT_MODEL)
     from paging.errors import StoreIntegrityError
 
     opened = False
     try:
-        with open_store(a.store, must_exist=True, allow_damaged=True) as store:
+        with open_store(args.store, must_exist=True, allow_damaged=True) as store:
             opened = True
             bound = store_fingerprint(store) if lm is not None else None
             if bound is not None and bound != lm.fingerprint:  # it could recompute nothing, and say healthy
-                raise ModelMismatchError(f"store {a.store} (check --recompute needs the store's model)", bound,
+                raise ModelMismatchError(f"store {args.store} (check --recompute needs the store's model)", bound,
                                          lm.fingerprint)
-            report = check_store(store, sample=a.sample, seed=a.seed,
-                                 recompute=None if lm is None else (lm, a.recompute))
+            report = check_store(store, sample=args.sample, seed=args.seed,
+                                 recompute=None if lm is None else (lm, args.recompute))
     except StoreIntegrityError as exc:  # too damaged to open or to walk (truncated, a broken tree): a report
-        return _unreadable(a.store, opened, " ".join(str(exc).split()))
+        return _unreadable(args.store, opened, " ".join(str(exc).split()))
     print_json(report)
     return 0 if report["healthy"] else 1
 

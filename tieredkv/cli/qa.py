@@ -42,25 +42,25 @@ class _IngestBar:
             self.bar.close()
 
 
-def _config(a, lm, num_tokens: int):
+def _config(args, lm, num_tokens: int):
     """TieredConfig of this question: the library's QA defaults (tieredkv.question.qa.qa_config) and the flags."""
     from tieredkv.errors import TieredKVError
     from tieredkv.question.qa import QA_READING, qa_config
     from tieredkv.engine.tiered_config import ReadingConfig
 
-    fields = dict(page_size=a.page_size, sink_pages=a.sink_pages, local_pages=a.local_pages, topk_pages=a.topk_pages,
-                  position=a.position)
-    if a.retrieval is not None:
-        fields["retrieval"] = a.retrieval
-    reading_flags = {k: v for k, v in (("passages", a.read_passages), ("passage_tokens", a.read_tokens),
-                                       ("signal", a.read_signal)) if v is not None}
-    if a.reencode_pages and a.read_passages:
-        raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages {a.read_passages} "
+    fields = dict(page_size=args.page_size, sink_pages=args.sink_pages, local_pages=args.local_pages, topk_pages=args.topk_pages,
+                  position=args.position)
+    if args.retrieval is not None:
+        fields["retrieval"] = args.retrieval
+    reading_flags = {k: v for k, v in (("passages", args.read_passages), ("passage_tokens", args.read_tokens),
+                                       ("signal", args.read_signal)) if v is not None}
+    if args.reencode_pages and args.read_passages:
+        raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages {args.read_passages} "
                          "would do nothing; give one or the other")
     try:
-        if a.reencode_pages:
-            fields.update(reencode_pages=a.reencode_pages, reading=None)
-        elif a.read_passages == 0:
+        if args.reencode_pages:
+            fields.update(reencode_pages=args.reencode_pages, reading=None)
+        elif args.read_passages == 0:
             fields["reading"] = None
         elif reading_flags:
             fields["reading"] = ReadingConfig(**{**dataclasses.asdict(QA_READING), **reading_flags})
@@ -93,7 +93,7 @@ def _shown(tm, lm, count: int) -> tuple[str, list[dict]]:
     return "retrieved", out
 
 
-def cmd_qa(a) -> int:
+def cmd_qa(args) -> int:
     from tieredkv.question.corpus import DEFAULT_QUESTION, default_document
     from paging.errors import CorruptPageError, PageNotFoundError
     from tieredkv.errors import EmptyInputError, StoredContextDamagedError
@@ -101,20 +101,20 @@ def cmd_qa(a) -> int:
     from tieredkv.question.qa import document_name, find_artifact, prompt_parts
     from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 
-    document = read_text_file(a.doc, "--doc") if a.doc else default_document()
-    question = a.question if a.question is not None else DEFAULT_QUESTION
+    document = read_text_file(args.doc, "--doc") if args.doc else default_document()
+    question = args.question if args.question is not None else DEFAULT_QUESTION
     if not document.strip():
-        raise EmptyInputError(f"the document {a.doc or '(default)'} is empty")
+        raise EmptyInputError(f"the document {args.doc or '(default)'} is empty")
     if not question.strip():
         raise EmptyInputError("the question is empty")
-    lm = load_model(a.model, quiet=a.quiet)
-    store_dir = a.store or str(cache_dir() / "stores" / Path(a.model).name)
+    lm = load_model(args.model, quiet=args.quiet)
+    store_dir = args.store or str(cache_dir() / "stores" / Path(args.model).name)
     doc_ids, q_ids = prompt_parts(lm, document, question)
-    total = len(doc_ids) + len(q_ids) + a.max_new_tokens
-    config = _config(a, lm, total)
+    total = len(doc_ids) + len(q_ids) + args.max_new_tokens
+    config = _config(args, lm, total)
     window = trained_window(lm.model)
-    if window is not None and len(q_ids) + a.max_new_tokens > window:
-        raise InputError(f"the question is {len(q_ids):,} tokens: with --max-new-tokens {a.max_new_tokens} it "
+    if window is not None and len(q_ids) + args.max_new_tokens > window:
+        raise InputError(f"the question is {len(q_ids):,} tokens: with --max-new-tokens {args.max_new_tokens} it "
                          f"runs past the model's window of {window:,} positions on its own; put long text in --doc and keep the "
                          "question short")
     if config.position == "own" and window is not None and total > window:
@@ -124,16 +124,16 @@ def cmd_qa(a) -> int:
     name = document_name(document)
     t0 = time.perf_counter()
     # open_store: a shared remote tier named by $TIEREDKV_REMOTE serves and receives pages too
-    budget = {} if a.disk_budget is None else dict(lmdb_max_map_size=a.disk_budget,
-                                                     lmdb_map_size=min(a.disk_budget, 1 << 30))
+    budget = {} if args.disk_budget is None else dict(lmdb_max_map_size=args.disk_budget,
+                                                     lmdb_map_size=min(args.disk_budget, 1 << 30))
     with nothing_left_if_refused(store_dir), \
             open_store(store_dir, **budget, device_budget_bytes=working_set_bytes(lm, config)) as store:
         tm = TieredModel(lm, store, config)
         try:
-            art = None if a.reingest else find_artifact(store, name, tm.domain())
+            art = None if args.reingest else find_artifact(store, name, tm.domain())
             if art is None:
-                tm.check_disk_budget(total, budget_bytes=a.disk_budget)
-            bar = _IngestBar(tm, len(doc_ids), a.quiet or art is not None)
+                tm.check_disk_budget(total, budget_bytes=args.disk_budget)
+            bar = _IngestBar(tm, len(doc_ids), args.quiet or art is not None)
             try:  # open_document's two branches, with the one manifest scan above
                 grafted = art is not None
                 art = tm.graft(art, progress=bar) if grafted else tm.ingest(doc_ids, name=name, progress=bar)
@@ -144,12 +144,12 @@ def cmd_qa(a) -> int:
             tm.keep_in_memory()  # the question's pages: the store keeps the document only
             tm.cache.retrieval_log.clear()
             t1 = time.perf_counter()
-            out = tm.generate(q_ids, max_new_tokens=a.max_new_tokens, question=question)
+            out = tm.generate(q_ids, max_new_tokens=args.max_new_tokens, question=question)
             t_answer = time.perf_counter() - t1
             if lm.codec.eos_token_id in out:
                 out = out[: out.index(lm.codec.eos_token_id)]
             answer = lm.codec.decode(out).strip()
-            what, shown = _shown(tm, lm, a.show_pages)
+            what, shown = _shown(tm, lm, args.show_pages)
             reencoded = sorted(tm.cache.reencoded)
             stats = store.stats()
         except (CorruptPageError, PageNotFoundError) as e:
@@ -163,7 +163,7 @@ def cmd_qa(a) -> int:
               "artifact": art.artifact_id, "document_tokens": len(doc_ids), "pages": len(art.page_keys),
               "context_s": round(t_ctx, 2), "answer_s": round(t_answer, 2), "attended": what, "shown": shown,
               "reencoded_pages": reencoded, "store": store_dir, "tiers": {k: stats[k] for k in ("device", "host", "lmdb")}}
-    if a.json:
+    if args.json:
         print_json(report)
         return 0
     print(f"Q: {question}\nA: {answer}\n")

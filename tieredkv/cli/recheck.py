@@ -5,14 +5,14 @@ from __future__ import annotations
 from tieredkv.cli.common import print_json
 
 
-def cmd_recheck(a) -> int:
+def cmd_recheck(args) -> int:
     from tieredkv.provenance.recheck import format_table, recheck
 
-    result = recheck(a.report, allow_domain_mismatch=a.allow_domain_mismatch)
-    if a.json:
+    result = recheck(args.report, allow_domain_mismatch=args.allow_domain_mismatch)
+    if args.json:
         print_json(result.to_dict())
     else:
-        print(format_table(result, only_failures=a.failures_only))
+        print(format_table(result, only_failures=args.failures_only))
     return 0 if result.ok else 1
 
 

@@ -24,8 +24,8 @@ def _tier(url: str):
     return RemoteTier(url)
 
 
-def cmd_ping(a) -> int:
-    tier = _tier(a.remote)
+def cmd_ping(args) -> int:
+    tier = _tier(args.remote)
     try:
         rtt = min(tier.ping() for _ in range(5))
         print_json({"remote": tier.config.safe_url, "rtt_ms": round(rtt * 1e3, 3), **tier.server_info(),
@@ -35,8 +35,8 @@ def cmd_ping(a) -> int:
     return 0
 
 
-def cmd_ls(a) -> int:
-    tier = _tier(a.remote)
+def cmd_ls(args) -> int:
+    tier = _tier(args.remote)
     try:
         print_json({"remote": tier.config.safe_url, "artifacts": tier.list_manifests()})
     finally:
@@ -44,18 +44,18 @@ def cmd_ls(a) -> int:
     return 0
 
 
-def cmd_push(a) -> int:
+def cmd_push(args) -> int:
     from tieredkv.artifacts.artifact import load_artifact
     from tieredkv.artifacts.manifest import iter_pages, parse_manifest
     from tieredkv.cli.common import open_store
 
     t = time.perf_counter()
-    tier = _tier(a.remote)
+    tier = _tier(args.remote)
     try:
         tier.ping()  # fail now, not half-way
-        with open_store(a.store, must_exist=True, remote_from_env=False) as store:
-            if a.artifact:
-                arts = [load_artifact(store, a.artifact)]
+        with open_store(args.store, must_exist=True, remote_from_env=False) as store:
+            if args.artifact:
+                arts = [load_artifact(store, args.artifact)]
             else:
                 arts = [parse_manifest(store.get_manifest(i), stored_as=i, where=store.path)
                         for i in store.list_manifests()]
@@ -69,10 +69,10 @@ def cmd_push(a) -> int:
                 except (PagingError, TieredKVError) as exc:
                     incomplete.append(f"{art.artifact_id} ({' '.join(str(exc).split())[:160]})")
             if incomplete:
-                raise TieredKVError(f"not pushing: {len(incomplete)} artifacts of {a.store} are incomplete or broken: "
-                                    f"{'; '.join(incomplete[:3])} — `tieredkv check --store {a.store}` shows what "
+                raise TieredKVError(f"not pushing: {len(incomplete)} artifacts of {args.store} are incomplete or broken: "
+                                    f"{'; '.join(incomplete[:3])} — `tieredkv check --store {args.store}` shows what "
                                     "is wrong; re-import or re-deposit them, or push the sound ones with --artifact")
-            keys = list(dict.fromkeys(k for art in arts for k in art.page_keys)) if a.artifact else \
+            keys = list(dict.fromkeys(k for art in arts for k in art.page_keys)) if args.artifact else \
                 list(store.lmdb_tier.keys())
             num_bytes = 0
             for i in range(0, len(keys), tier.config.batch_pages):
@@ -88,30 +88,30 @@ def cmd_push(a) -> int:
     return 0
 
 
-def cmd_pull(a) -> int:
+def cmd_pull(args) -> int:
     from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, store_fingerprint
     from tieredkv.artifacts.manifest import ChainWalker, check_root, iter_pages, parse_manifest, read_back
     from tieredkv.cli.common import open_store
     from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError
 
     t = time.perf_counter()
-    tier = _tier(a.remote)
+    tier = _tier(args.remote)
     try:
         tier.ping()  # unreachable: one clear error, before the local store is touched
         ids = tier.list_manifests()
-        matches = [i for i in ids if i == a.artifact] or [i for i in ids if i.startswith(a.artifact)]
+        matches = [i for i in ids if i == args.artifact] or [i for i in ids if i.startswith(args.artifact)]
         if len(matches) != 1:
             what = "ambiguous prefix" if matches else "no artifact"
-            raise ArtifactNotFoundError(f"{what} {a.artifact!r} on {tier.config.safe_url} ({len(ids)} artifacts "
+            raise ArtifactNotFoundError(f"{what} {args.artifact!r} on {tier.config.safe_url} ({len(ids)} artifacts "
                                         f"there); `tieredkv remote ls --remote URL` lists them")
         data = tier.get_manifest(matches[0])
         art = parse_manifest(data, stored_as=matches[0], where=tier.config.safe_url)  # before anything is written
         # NOTE: not nothing_left_if_refused: an interrupted pull keeps its verified pages, so the next one
         # fetches only what is missing
-        with open_store(a.store, remote_from_env=False) as store:
+        with open_store(args.store, remote_from_env=False) as store:
             bound = store_fingerprint(store)
             if bound is not None and bound != art.fingerprint:
-                raise ModelMismatchError(f"store {a.store}", bound, art.fingerprint)
+                raise ModelMismatchError(f"store {args.store}", bound, art.fingerprint)
             # NOTE: the page that ends the artifact first (the manifest's token count against it), then every
             # page in order, verified and chained before its batch is committed; the manifest last. Nothing is
             # written for a manifest that does not hold, an interrupted pull leaves verified pages and no
@@ -136,7 +136,7 @@ def cmd_pull(a) -> int:
         tier.close()
     print_json({"artifact": art.artifact_id, "pages": len(art.page_keys), "pages_pulled": arrived,
                 "bytes_pulled": remote["bytes_got"], "corrupt_detected": remote["corrupt_detected"],
-                "store": a.store, "seconds": round(time.perf_counter() - t, 3)})
+                "store": args.store, "seconds": round(time.perf_counter() - t, 3)})
     return 0
 
 
