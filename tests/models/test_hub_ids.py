@@ -4,8 +4,11 @@ there is one typed line that says how to get it. The cache here is a fake one in
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,12 @@ def test_not_hub_ids(name):
 def test_an_unknown_name_lists_every_way_to_name_a_model():
     with pytest.raises(ModelNotFoundError, match=r"tiny-llama.*local HF model directory.*ORG/NAME"):
         load_model("no-such-model")
+
+
+def test_the_cli_takes_a_hub_id(hub, tmp_path):
+    """`--model ORG/NAME` in a CLI process: the same fingerprint as the directory, loaded with no network."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "tieredkv.cli", "verify", "--model", REPO, "--samples", "1",
+                          "--tokens", "128", "--json"], check=False, capture_output=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    assert json.loads(out.stdout)["model_fingerprint"] == load_model(str(hub[0]), quiet=True).fingerprint
