@@ -191,3 +191,21 @@ def test_identity_leaves_out_tieredkv_files_and_follows_symlinks(tmp_path):
     assert sorted(files) == ["blob", "dangling", "sub/model.safetensors"]
     assert files["sub/model.safetensors"] == [blob.st_size, blob.st_mtime_ns, blob.st_ctime_ns, blob.st_ino]
     assert files["dangling"] == []
+
+
+def test_a_file_changed_during_the_load_is_hashed_from_memory_and_not_recorded(model_dir, monkeypatch):
+    first = load_model(str(model_dir), quiet=True).fingerprint
+    real_load = loading._load_dir
+
+    def load_then_change(path, dtype):
+        loaded = real_load(path, dtype)
+        _scale_weight(model_dir, 1.5)  # after the bytes were read: what was loaded is the old weights
+        return loaded
+
+    monkeypatch.setattr(loading, "_load_dir", load_then_change)
+    hashed = count_hashing(monkeypatch)
+    assert load_model(str(model_dir), quiet=True).fingerprint == first  # the weights in memory are the old ones
+    assert len(hashed) == 1
+    monkeypatch.setattr(loading, "_load_dir", real_load)
+    assert load_model(str(model_dir), quiet=True).fingerprint != first
+    assert len(hashed) == 2

@@ -3,12 +3,14 @@ weight again (hashing runs at about 650 MiB/s: some 21 s for a 7B model in bf16)
 
 One entry per directory and dtype, `$TIEREDKV_CACHE/fingerprints/<sha256(path, dtype)[:32]>.json`, records
 the directory's real path, the dtype, the versions of the libraries that decide what its files load as,
-and for every file under it (symlinks followed, as transformers follows them; tieredkv's own `tieredkv-*`
-files left out) its relative path, size, mtime_ns, ctime_ns and inode. A load takes the fingerprint from
-the entry only when every one of those matches what the directory holds now, taken before the weights
-are read. Anything else (a file touched, rewritten, added, removed or renamed; another library version; an
-entry that is damaged, unreadable, hand-edited or of another format) hashes the loaded weights again and
-rewrites the entry atomically. A cache that cannot be written only costs the hashing.
+and for every file under it (symlinked files followed, as transformers follows them; a symlinked directory
+counted by its own identity; tieredkv's own `tieredkv-*` files left out) its relative path, size, mtime_ns,
+ctime_ns and inode. A load takes the fingerprint from the entry only when every one of those matches what
+the directory holds both before and after the weights are read (tieredkv/models/loading.py; a file changed
+during the load is hashed from memory and not recorded). Anything else (a file touched, rewritten, added,
+removed or renamed; another library version; an entry that is damaged, unreadable, hand-edited or of
+another format) hashes the loaded weights again and rewrites the entry atomically. A cache that cannot be
+written only costs the hashing.
 
 NOTE: identity is metadata, not content, as with `make`: someone who can rewrite a file while keeping its
 size, mtime, ctime and inode (by resetting the clock or editing the filesystem underneath), or who can
@@ -58,12 +60,13 @@ def _identity(path: str) -> list[int]:
 
 def entry_key(directory: Path, dtype: str, files: Identity) -> dict[str, Any]:
     """Everything a cached fingerprint is valid for."""
+    import safetensors
     import tokenizers
     import torch
     import transformers
 
-    versions = {"tokenizers": tokenizers.__version__, "torch": torch.__version__,
-                "transformers": transformers.__version__}
+    versions = {"safetensors": safetensors.__version__, "tokenizers": tokenizers.__version__,
+                "torch": torch.__version__, "transformers": transformers.__version__}
     return {"format": FORMAT, "directory": str(directory.resolve()), "dtype": dtype, "versions": versions,
             "files": files}
 

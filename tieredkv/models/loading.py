@@ -392,10 +392,14 @@ def _hf_codec(tok) -> HFCodec:
 
 def _load_local(path: Path, dtype: torch.dtype):
     """A local model directory, its fingerprint taken from the file-identity cache when nothing changed."""
-    # NOTE: identities are taken before the weights are read: a file changed during the load then misses next time
-    files = fingerprint_cache.directory_identity(path)
+    before = fingerprint_cache.directory_identity(path)
     model, codec = _load_dir(path, dtype)
-    key = fingerprint_cache.entry_key(path, str(dtype).removeprefix("torch."), files)
+    if fingerprint_cache.directory_identity(path) != before:
+        # NOTE: a file changed while the weights were read: which bytes were loaded is unknown, so they are
+        # hashed as they are in memory, and nothing is recorded
+        fingerprint_model(model, codec)
+        return model, codec
+    key = fingerprint_cache.entry_key(path, str(dtype).removeprefix("torch."), before)
     model._tieredkv_fingerprint = fingerprint_cache.cached_fingerprint(
         cache_dir(), key, lambda: fingerprint_model(model, codec))
     return model, codec
