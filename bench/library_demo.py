@@ -12,7 +12,7 @@ the model cannot know, plus small arithmetic problems; programmatic verifiers ch
 
 Every hashed output is reproduced by `--recheck-only` (the same computation, printing hashes):
 
-    python bench/library_demo.py --json            # writes bench/results/library_demo.json
+    python -m bench.library_demo --json            # writes bench/results/library_demo.json
     tieredkv recheck bench/results/library_demo.json
 """
 from __future__ import annotations
@@ -29,15 +29,14 @@ from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment, sha256_ids, write_report  # noqa: E402
+from bench.report import environment, sha256_ids, write_report
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact  # noqa: E402
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.library.solutions import Library, answer_plain  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
+from tieredkv.library.solutions import Library, answer_plain
+from tieredkv.models.loading import load_model
+from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,
                                 normalize_text)
 
 COUNTRIES = ["Velmora", "Drustan", "Korvia", "Amberlund", "Tessaly", "Orvane", "Quenthia", "Marrowind",
@@ -362,7 +361,7 @@ def table(s: dict[str, Any], energy_source: str) -> str:
 
 
 def recheck_argv(args) -> list[str]:
-    return ["python", "bench/library_demo.py", "--recheck-only", "--model", args.model, "--seed", str(args.seed),
+    return ["python", "-m", "bench.library_demo", "--recheck-only", "--model", args.model, "--seed", str(args.seed),
             "--countries", str(args.countries), "--heldout", str(args.heldout), "--arith", str(args.arith),
             "--max-new-tokens", str(args.max_new_tokens)]
 

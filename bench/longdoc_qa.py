@@ -18,7 +18,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
 An answer is correct when it contains an accepted string (case-insensitive, whitespace runs as one
 space). Documents are ingested once into stores under --work and reused by later runs.
 
-    python bench/longdoc_qa.py --lengths 32k --systems tiered,ceiling,bm25 --out bench/results/longdoc_qa.32k.json
+    python -m bench.longdoc_qa --lengths 32k --systems tiered,ceiling,bm25 --out bench/results/longdoc_qa.32k.json
 """
 from __future__ import annotations
 
@@ -35,18 +35,17 @@ from pathlib import Path
 
 import torch
 
+from bench.longdoc_corpus import build_corpus
+from bench.report import environment, sha256_ids, write_report
+
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import prefill
+from index.lexical import bm25_scores
+from tieredkv.models.loading import load_model
+from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from longdoc_corpus import build_corpus  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
-
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from index.lexical import bm25_scores  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
-
 QUESTIONS = HERE / "data" / "longdoc_questions.json"
 LENGTHS = {"16k": 16_384, "32k": 32_768, "128k": 131_072}
 SYSTEMS = ("tiered", "ceiling", "bm25", "truncation", "full", "signals")

@@ -6,8 +6,8 @@ retrieved pages re-rotated to sit before the local window, InfLLM-style). Each t
 its policy's defaults (top-16 per KV head under own, top-8 and the attended scoring frame under
 fixed) unless --topk-pages / --score-frame say otherwise.
 
-    python bench/passkey.py --contexts 4096,8192,16384 --json
-    python bench/passkey.py --tasks passkey --contexts 131072 --depths 0.5 --systems tiered-fixed
+    python -m bench.passkey --contexts 4096,8192,16384 --json
+    python -m bench.passkey --tasks passkey --contexts 131072 --depths 0.5 --systems tiered-fixed
 """
 from __future__ import annotations
 
@@ -19,18 +19,17 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
-from report import environment, write_report  # noqa: E402
-from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
+from bench.common import add_retrieval_args, retrieval_kwargs
+from bench.report import environment, write_report
+from bench.longctx_tasks import HAYSTACKS, TASKS
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.engine.placement import ForcedPages  # noqa: E402
-from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
-from tieredkv.question.qa import qa_config  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import prefill
+from tieredkv.models.loading import load_model
+from tieredkv.engine.placement import ForcedPages
+from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig
+from tieredkv.question.qa import qa_config
+from tieredkv.engine.tiered_model import TieredModel
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed", "tiered-qa")
 # "tiered-qa" answers as `tieredkv qa` does (tieredkv.question.qa.qa_config: own positions inside the window,
