@@ -78,7 +78,7 @@ class TieredConfig:
     # Per KV head (see `retrieval`). None: the policy's default,
     # TOPK_DEFAULTS. Under "own" more pages is closer to exact; under "fixed" (beyond the window)
     # more retrieved filler drowns the answer: for smollm2 at 16K top-8 answered passkeys that
-    # top-15 and top-16 did not (bench/results/passkey-16k-diagnosis).
+    # top-15 and top-16 did not (lab/2026-11-29-passkey-runs/passkey-16k-diagnosis).
     topk_pages: int | None = None
     summary: str = "minmax"
     num_repr: int = 4
