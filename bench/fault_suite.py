@@ -470,7 +470,7 @@ def fuzz(world: World, seconds: float, n_random: int, rng: random.Random) -> dic
 
 
 # ----------------------------------------------------------------------------- report
-# ----------------------------------------------------------------------------- trust (issue 16)
+# ----------------------------------------------------------------------------- trust (the store on disk)
 def _outcomes(results: list[dict[str, Any]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in results:
@@ -779,7 +779,7 @@ allocated (peak Python memory of the refusal, measured with tracemalloc):
 - **Readers and a writer** are five `spawn` processes on one store; readers bypass the host
   cache so every read is a verified LMDB read.
 - **The faiss index** is damaged on disk, then the context is grafted again with TieredModel.
-- **The store on disk** (issue 16): bits of LMDB's current meta page are flipped, data.mdb is
+- **The store on disk**: bits of LMDB's current meta page are flipped, data.mdb is
   truncated, put back from an older copy, deleted or emptied, and a byte of a stored key is damaged;
   each copy is then opened, every artifact loaded and `check`ed in a forked child, so a SIGBUS or a
   crash is counted, not fatal. The commit record (`tieredkv.commit`, see docs/TRUST.md) is what
