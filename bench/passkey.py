@@ -115,7 +115,7 @@ def _write(a, lm, cfg_kw, rows) -> list[dict]:
     return table
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--tasks", default="passkey,multikey")
@@ -146,14 +146,11 @@ def main(argv=None) -> int:
                          "Python language reference")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
-    a = ap.parse_args(argv)
-    retrieval = retrieval_kwargs(ap, a)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    lm = load_model(a.model)
-    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
-                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)
-    rows, table = [], []
+    return ap
+
+
+def samples(a: argparse.Namespace, lm):
+    """(task name, target tokens, depth, seed, task, system) for every sample the arguments ask for."""
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:
         plan = [(t, n) for t, n in plan if t != "multikey" or n <= a.multikey_max]
@@ -164,22 +161,42 @@ def main(argv=None) -> int:
                 for system in a.systems.split(","):
                     if system == "plain" and a.plain_max and n > a.plain_max:
                         continue
-                    t0 = time.perf_counter()
-                    if system == "plain":
-                        out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
-                    elif system == "tiered-qa":
-                        out, extra = run_qa(lm, task, a.max_new_tokens)
-                    else:
-                        out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
-                                                oracle=system.endswith("-oracle"), ask_after=a.ask_after)
-                    row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
-                           "depth": depth, "seed": seed, "system": system, **task.row(lm.codec, out), **extra,
-                           "seconds": round(time.perf_counter() - t0, 2)}
-                    rows.append(row)
-                    table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
-                    print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
-                          f"{'OK ' if row['correct'] else 'BAD'} {row['output']!r} needle_retrieved={extra['needle_retrieved']} "
-                          f"({row['seconds']}s)", file=sys.stderr)
+                    yield task_name, n, depth, seed, task, system
+
+
+def run_sample(a: argparse.Namespace, lm, cfg_kw: dict, sample) -> dict:
+    """Answer one sample with one system; the report's row (and one progress line on stderr)."""
+    task_name, n, depth, seed, task, system = sample
+    t0 = time.perf_counter()
+    if system == "plain":
+        out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
+    elif system == "tiered-qa":
+        out, extra = run_qa(lm, task, a.max_new_tokens)
+    else:
+        out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
+                                oracle=system.endswith("-oracle"), ask_after=a.ask_after)
+    row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
+           "depth": depth, "seed": seed, "system": system, **task.row(lm.codec, out), **extra,
+           "seconds": round(time.perf_counter() - t0, 2)}
+    print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
+          f"{'OK ' if row['correct'] else 'BAD'} {row['output']!r} needle_retrieved={extra['needle_retrieved']} "
+          f"({row['seconds']}s)", file=sys.stderr)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    a = ap.parse_args(argv)
+    retrieval = retrieval_kwargs(ap, a)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    lm = load_model(a.model)
+    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
+                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)
+    rows, table = [], []
+    for sample in samples(a, lm):
+        rows.append(run_sample(a, lm, cfg_kw, sample))
+        table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
     if a.json:
         print(Path(a.out).read_text())
     print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")
