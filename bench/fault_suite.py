@@ -800,6 +800,49 @@ See docs/TRUST.md for what each of these guards and how `tieredkv recheck` treat
 """
 
 
+def fault_steps(world: World, counts: dict[str, int]) -> list[tuple[str, Callable[[random.Random], Any]]]:
+    """Every step of the suite, in order: (name, a function of its seeded random stream)."""
+    return [
+        ("kill deposit", lambda rng: kill_deposit(world, counts["deposit_kills"], rng)),
+        ("kill export", lambda rng: kill_export(world, counts["export_kills"], rng)),
+        ("header flips", lambda rng: header_flips(world)),
+        ("payload flips", lambda rng: payload_flips(world, counts["payload_flips"], rng)),
+        ("lmdb flips", lambda rng: lmdb_flips(world, counts["lmdb_flips"], rng)),
+        ("truncation", lambda rng: truncations(world, counts["data_truncations"], rng)),
+        ("hostile headers", lambda rng: hostile(world)),
+        ("identity", lambda rng: identity(world)),
+        ("disk full", lambda rng: disk_full(world, counts["fsize_limits"])),
+        ("map full", lambda rng: map_full(world)),
+        ("concurrency", lambda rng: concurrency(world, counts["concurrency_rounds"])),
+        ("stale readers", lambda rng: stale_readers(world, counts["stale_readers"])),
+        ("faiss index", lambda rng: faiss_index(world, counts["index_rounds"])),
+        ("fuzz", lambda rng: fuzz(world, counts["mutation_seconds"], counts["random_files"], rng)),
+        ("meta flips", lambda rng: meta_flips(world, counts["meta_flip_step"])),
+        ("tree flips", lambda rng: tree_flips(world, counts["tree_flips"], rng)),
+        ("store truncations", lambda rng: store_truncations(world, counts["store_truncations"], rng)),
+        ("rollbacks", lambda rng: rollbacks(world)),
+        ("lock deleted", lambda rng: lock_deleted(world, counts["lock_rounds"])),
+        ("damaged keys", lambda rng: damaged_keys(world, counts["key_damages"], rng)),
+        ("tampered manifests", lambda rng: tampered_manifests(world)),
+        ("forgeries", lambda rng: forgeries(world, counts["forgery_seeds"])),
+        ("export targets", lambda rng: export_targets(world)),
+        ("bad input", lambda rng: bad_cli_input(world)),
+    ]
+
+
+def run_step(world: World, name: str, step: Callable[[random.Random], Any], seed: int) -> list[dict[str, Any]]:
+    t = time.monotonic()
+    out = step(random.Random(f"{seed}:{name}"))  # NOTE: each step its own stream: a timed step
+    # (fuzz) draws a varying count, and the steps after it would otherwise differ from run to run
+    rows = out if isinstance(out, list) else [out]
+    for r in rows:
+        r["inputs"] = {f: world.inputs[f] for f in STEP_INPUTS.get(name, [])}
+        r["seed"] = f"{seed}:{name}"
+    log(f"{name}: {time.monotonic() - t:.1f} s — " + "; ".join(
+        f"{r['fault']}: {r['ok']}/{r['tries']} ok, {r['lost']} lost" for r in rows))
+    return rows
+
+
 def main() -> int:
     a = parse_args()
     if a.render_only:
@@ -810,47 +853,13 @@ def main() -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tieredkv-faults-") as tmp:
         world = World(Path(tmp))
-        steps: list[tuple[str, Callable[[random.Random], Any]]] = [
-            ("kill deposit", lambda rng: kill_deposit(world, counts["deposit_kills"], rng)),
-            ("kill export", lambda rng: kill_export(world, counts["export_kills"], rng)),
-            ("header flips", lambda rng: header_flips(world)),
-            ("payload flips", lambda rng: payload_flips(world, counts["payload_flips"], rng)),
-            ("lmdb flips", lambda rng: lmdb_flips(world, counts["lmdb_flips"], rng)),
-            ("truncation", lambda rng: truncations(world, counts["data_truncations"], rng)),
-            ("hostile headers", lambda rng: hostile(world)),
-            ("identity", lambda rng: identity(world)),
-            ("disk full", lambda rng: disk_full(world, counts["fsize_limits"])),
-            ("map full", lambda rng: map_full(world)),
-            ("concurrency", lambda rng: concurrency(world, counts["concurrency_rounds"])),
-            ("stale readers", lambda rng: stale_readers(world, counts["stale_readers"])),
-            ("faiss index", lambda rng: faiss_index(world, counts["index_rounds"])),
-            ("fuzz", lambda rng: fuzz(world, counts["mutation_seconds"], counts["random_files"], rng)),
-            ("meta flips", lambda rng: meta_flips(world, counts["meta_flip_step"])),
-            ("tree flips", lambda rng: tree_flips(world, counts["tree_flips"], rng)),
-            ("store truncations", lambda rng: store_truncations(world, counts["store_truncations"], rng)),
-            ("rollbacks", lambda rng: rollbacks(world)),
-            ("lock deleted", lambda rng: lock_deleted(world, counts["lock_rounds"])),
-            ("damaged keys", lambda rng: damaged_keys(world, counts["key_damages"], rng)),
-            ("tampered manifests", lambda rng: tampered_manifests(world)),
-            ("forgeries", lambda rng: forgeries(world, counts["forgery_seeds"])),
-            ("export targets", lambda rng: export_targets(world)),
-            ("bad input", lambda rng: bad_cli_input(world)),
-        ]
+        steps = fault_steps(world, counts)
         if a.only:
             wanted = {w.strip() for w in a.only.split(",")}
             steps = [(n, f) for n, f in steps if n in wanted]
         rows: list[dict[str, Any]] = []
         for name, step in steps:
-            t = time.monotonic()
-            out = step(random.Random(f"{a.seed}:{name}"))  # NOTE: each step its own stream: a timed step
-            # (fuzz) draws a varying count, and the steps after it would otherwise differ from run to run
-            for r in out if isinstance(out, list) else [out]:
-                r["inputs"] = {f: world.inputs[f] for f in STEP_INPUTS.get(name, [])}
-                r["seed"] = f"{a.seed}:{name}"
-            rows += out if isinstance(out, list) else [out]
-            log(f"{name}: {time.monotonic() - t:.1f} s — " + "; ".join(
-                f"{r['fault']}: {r['ok']}/{r['tries']} ok, {r['lost']} lost" for r in (out if isinstance(out, list)
-                                                                                      else [out])))
+            rows += run_step(world, name, step, a.seed)
     report = {"environment": environment(), "duration_s": time.monotonic() - t0,
               "config": {"model": fc.MODEL, "page_size": fc.PAGE_SIZE, "quick": a.quick, "seed": a.seed,
                          "counts": counts, "only": a.only},
