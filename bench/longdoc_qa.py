@@ -290,7 +290,7 @@ class Runner:
 
     def signals(self, item: Item, q_ids: list[int]) -> dict:
         """Rank of the answer page among the document's pages under each signal (None: not ranked)."""
-        from longdoc_signals import signal_ranks
+        from bench.longdoc_signals import signal_ranks
 
         w = item.window
         config = qa_config(self.lm, len(w.doc_ids) + len(q_ids) + self.a.max_new_tokens, **self.variant)
