@@ -12,6 +12,7 @@ fixed) unless --topk-pages / --score-frame say otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -20,12 +21,13 @@ from pathlib import Path
 import torch
 
 from bench.common import add_retrieval_args, retrieval_kwargs
-from bench.report import environment, write_report
+from bench.report import environment, recheck_block, write_report
 from bench.longctx_tasks import HAYSTACKS, TASKS
 
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import determinism_domain
 from tieredkv.engine.placement import ForcedPages
 from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig
 from tieredkv.question.qa import qa_config
@@ -108,11 +110,42 @@ def _write(a, lm, cfg_kw, rows) -> list[dict]:
         summary.setdefault(k, []).append(r["correct"])
     table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
              for (t, s, c), v in sorted(summary.items())]
+    outputs, inputs = hashed(rows)
     report = {"bench": "passkey", "model": lm.name, "model_fingerprint": lm.fingerprint,
               "config": {**cfg_kw, "sink_pages": 1, "page_size": lm.default_page_size, "args": vars(a)},
-              "environment": environment(), "rows": rows, "accuracy": table}
+              "environment": environment(), "domain": domain(lm), "rows": rows, "accuracy": table,
+              "recheck": recheck_block("bench.passkey", recipe_args(a.argv), outputs, inputs=inputs)}
     write_report(a.out, report)
     return table
+
+
+def domain(lm) -> dict:
+    return determinism_domain(lm.model, lm.fingerprint, lm.default_page_size)
+
+
+def hashed(rows: list[dict]) -> tuple[dict[str, str], list[str]]:
+    """Every row's input and output-id hashes by name, and the names that hash inputs (equal in any domain)."""
+    outputs, inputs = {}, []
+    for r in rows:
+        name = f"{r['task']} {r['target_tokens']} d={r['depth']} s={r['seed']} {r['system']}"
+        outputs[f"{name} output_ids"] = r["output_ids_sha256"]
+        outputs[f"{name} input"] = r["input_sha256"]
+        inputs.append(f"{name} input")
+    return outputs, inputs
+
+
+def recipe_args(argv: list[str]) -> list[str]:
+    """This run's arguments as `--recheck-only` re-runs them: the same samples, nothing written."""
+    args, skip = [], False
+    for arg in argv:
+        if skip or arg in ("--json", "--recheck-only"):
+            skip = False
+            continue
+        if arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            args.append(arg)
+    return [*args, "--recheck-only"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -145,6 +178,8 @@ def parser() -> argparse.ArgumentParser:
                     help="filler: the repeated filler sentences (the needle is the only distinct text); prose: the "
                          "Python language reference")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--recheck-only", action="store_true",
+                    help="run the samples and print {outputs, inputs, domain} without writing (`tieredkv recheck`)")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     return ap
 
@@ -187,6 +222,7 @@ def run_sample(a: argparse.Namespace, lm, cfg_kw: dict, sample) -> dict:
 def main(argv=None) -> int:
     ap = parser()
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     retrieval = retrieval_kwargs(ap, a)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -196,7 +232,12 @@ def main(argv=None) -> int:
     rows, table = [], []
     for sample in samples(a, lm):
         rows.append(run_sample(a, lm, cfg_kw, sample))
-        table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
+        if not a.recheck_only:
+            table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
+    if a.recheck_only:
+        outputs, inputs = hashed(rows)
+        print(json.dumps({"outputs": outputs, "inputs": inputs, "domain": domain(lm)}, sort_keys=True))
+        return 0
     if a.json:
         print(Path(a.out).read_text())
     print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")
