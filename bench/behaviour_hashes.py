@@ -5,8 +5,8 @@ JSON object of SHA-256 hashes: graft-vs-fresh logits (`verify`), and `TieredMode
 greedy output ids with retrieval active under every position policy (own, fixed, fixed with
 question-time re-encoding). Run it before and after a change on the same machine and compare:
 
-    python bench/behaviour_hashes.py > before.json    # ... change ...
-    python bench/behaviour_hashes.py > after.json && diff before.json after.json
+    python -m bench.behaviour_hashes > before.json    # ... change ...
+    python -m bench.behaviour_hashes > after.json && diff before.json after.json
 
 Hashes are specific to one determinism domain (machine, threads, versions): compare runs of one
 machine, never against another's.
@@ -18,18 +18,16 @@ import hashlib
 import json
 import sys
 import tempfile
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment  # noqa: E402
+from bench.report import environment
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.models.loading import TINY_MODELS, load_model  # noqa: E402
-from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
-from tieredkv.provenance.verify import VerifySpec, verify  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.models.loading import TINY_MODELS, load_model
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel
+from tieredkv.provenance.verify import VerifySpec, verify
 
 
 def sha(t) -> str:

@@ -5,8 +5,7 @@ module re-exports them next to what timing-based benchmarks add: a synchronising
 machine's measured memcpy and SHA-256 throughput, dropping a file from the OS page cache, and a
 markdown table.
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import environment, timed, memcpy_bytes_per_s, write_report
+    from bench.common import environment, timed, memcpy_bytes_per_s, write_report
 """
 from __future__ import annotations
 
@@ -14,19 +13,15 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from report import environment, sha256_ids, write_report  # noqa: E402
-from tieredkv.cli.common import positive_int  # noqa: E402
-from tieredkv.engine.tiered_config import RETRIEVAL_MODES  # noqa: E402
+from bench.report import environment, sha256_ids, write_report
+from tieredkv.cli.common import positive_int
+from tieredkv.engine.tiered_config import RETRIEVAL_MODES
 
 __all__ = ["environment", "sha256_ids", "write_report", "sync_device", "timed", "best_of",
            "memcpy_bytes_per_s", "sha256_bytes_per_s", "drop_file_cache", "resident_fraction",

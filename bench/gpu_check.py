@@ -25,17 +25,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, sha256_ids, write_report  # noqa: E402
+from bench.common import environment, sha256_ids, write_report
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import deposit, prefill  # noqa: E402
-from tieredkv.question.corpus import python_reference  # noqa: E402
-from tieredkv.provenance.domain import sha256_tensor  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
-from tieredkv.provenance.verify import VerifySpec, verify  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import deposit, prefill
+from tieredkv.question.corpus import python_reference
+from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.models.loading import load_model
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+from tieredkv.provenance.verify import VerifySpec, verify
 
 
 def sync() -> None:

@@ -30,15 +30,14 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (drop_file_cache, environment, markdown_table, memcpy_bytes_per_s,  # noqa: E402
+from bench.common import (drop_file_cache, environment, markdown_table, memcpy_bytes_per_s,
                     resident_fraction, sha256_bytes_per_s, sha256_ids, timed, write_report)
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import deposit, graft, prefill  # noqa: E402
-from tieredkv.question.corpus import python_reference, text_sha256  # noqa: E402
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import deposit, graft, prefill
+from tieredkv.question.corpus import python_reference, text_sha256
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
+from tieredkv.models.loading import load_model
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "graft_vs_recompute.json"

@@ -12,7 +12,7 @@ the model cannot know, plus small arithmetic problems; programmatic verifiers ch
 
 Every hashed output is reproduced by `--recheck-only` (the same computation, printing hashes):
 
-    python bench/library_demo.py --json            # writes bench/results/library_demo.json
+    python -m bench.library_demo --json            # writes bench/results/library_demo.json
     tieredkv recheck bench/results/library_demo.json
 """
 from __future__ import annotations
@@ -29,15 +29,14 @@ from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment, sha256_ids, write_report  # noqa: E402
+from bench.report import environment, recheck_block, sha256_ids, write_report
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact  # noqa: E402
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.library.solutions import Library, answer_plain  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
+from tieredkv.library.solutions import Library, answer_plain
+from tieredkv.models.loading import load_model
+from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,
                                 normalize_text)
 
 COUNTRIES = ["Velmora", "Drustan", "Korvia", "Amberlund", "Tessaly", "Orvane", "Quenthia", "Marrowind",
@@ -361,13 +360,13 @@ def table(s: dict[str, Any], energy_source: str) -> str:
     return "\n".join(lines)
 
 
-def recheck_argv(args) -> list[str]:
-    return ["python", "bench/library_demo.py", "--recheck-only", "--model", args.model, "--seed", str(args.seed),
-            "--countries", str(args.countries), "--heldout", str(args.heldout), "--arith", str(args.arith),
-            "--max-new-tokens", str(args.max_new_tokens)]
+def recheck_args(args) -> list[str]:
+    """The arguments of the hashed sub-computation that `tieredkv recheck` replays."""
+    return ["--recheck-only", "--model", args.model, "--seed", str(args.seed), "--countries", str(args.countries),
+            "--heldout", str(args.heldout), "--arith", str(args.arith), "--max-new-tokens", str(args.max_new_tokens)]
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--seed", type=int, default=0)
@@ -381,20 +380,14 @@ def main(argv=None) -> int:
                     help="run the hashed computation and print {outputs, domain, inputs, relations} (for "
                          "`tieredkv recheck`)")
     ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
-    if args.recheck_only:
-        args.quiet = True
-    t0 = time.perf_counter()
-    res = run(args)
-    if args.recheck_only:
-        print(json.dumps({"outputs": res["outputs"], "domain": res["domain"], "inputs": res["inputs"],
-                          "relations": res["relations"]}, sort_keys=True))
-        return 0
-    summary = summarize(res)
+    return ap
+
+
+def build_report(args, res: dict, summary: dict, wall_s: float) -> dict:
     meter: EnergyMeter = res["meter"]
     task = res["task"]
     lm = res["lm"]
-    report = {
+    return {
         "benchmark": "library_demo",
         "env": environment(),
         "domain": res["domain"], "domain_id": domain_id(res["domain"]),
@@ -415,12 +408,26 @@ def main(argv=None) -> int:
         "context": res["context"],
         "library": {"entries": res["library_size"], "version": res["library_version"]},
         "rows": res["rows"],
-        "recheck": {"argv": recheck_argv(args), "outputs": res["outputs"], "inputs": res["inputs"],
-                    "relations": res["relations"]},
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "recheck": recheck_block("bench.library_demo", recheck_args(args), res["outputs"], inputs=res["inputs"],
+                                 relations=res["relations"]),
+        "wall_s": wall_s,
     }
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.recheck_only:
+        args.quiet = True
+    t0 = time.perf_counter()
+    res = run(args)
+    if args.recheck_only:
+        print(json.dumps({"outputs": res["outputs"], "domain": res["domain"], "inputs": res["inputs"],
+                          "relations": res["relations"]}, sort_keys=True))
+        return 0
+    summary = summarize(res)
+    report = build_report(args, res, summary, round(time.perf_counter() - t0, 1))
     write_report(args.out, report, print_json=args.json)
-    print(table(summary, meter.source))
+    print(table(summary, res["meter"].source))
     return 0
 
 

@@ -29,7 +29,7 @@ class Task:
         return set(range(s // page_size, (e - 1) // page_size + 1))
 
     def row(self, codec, out: list[int]) -> dict:
-        """What every benchmark row of this task records about an answer: the answer, the output,
+        """What every benchmark row of a task records about an answer: the answer, the output,
         whether it is right, and input and output-id hashes."""
         from tieredkv.provenance.domain import sha256_ids
 
@@ -91,7 +91,7 @@ def _haystack(codec, needles: list[tuple[float, str]], intro: str, question: str
     needle_ids = [(d, codec.encode(" " + text + " "), i) for i, (d, text) in enumerate(needles)]
     budget = num_tokens - len(head) - len(tail_q) - sum(len(n) for _, n, _ in needle_ids)
     if budget < len(filler):
-        raise ValueError(f"{num_tokens} tokens is too short for this task")
+        raise ValueError(f"{num_tokens} tokens is too short for a needle document")
     if haystack == "prose":
         body, where = _prose_body(codec, needle_ids, budget, seed, target)
         n = len(needle_ids[target][1])

@@ -7,8 +7,8 @@ question its id, character offset, relative depth (offset / len(text)) and how o
 answer occurs in the whole corpus (a high count means a common string a wrong answer could contain
 by accident), then a histogram by depth decile. Exits 1 if any check fails.
 
-    python bench/longdoc_check.py            # stdlib only
-    python bench/longdoc_check.py --tokens   # also count SmolLM2 tokens per source (loads the model)
+    python -m bench.longdoc_check            # stdlib only
+    python -m bench.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import re
 import sys
 from pathlib import Path
 
+from bench.longdoc_corpus import build_corpus
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from longdoc_corpus import build_corpus  # noqa: E402
 
 QUESTIONS = HERE / "data" / "longdoc_questions.json"
 FIELDS = ("id", "question", "answers", "evidence", "source")
@@ -76,7 +76,6 @@ def check(questions: list[dict], text: str, corpus) -> tuple[list[str], list[tup
 
 
 def token_counts(corpus) -> int:
-    sys.path.insert(0, str(HERE.parent))
     from tieredkv.models.loading import load_model
 
     codec = load_model("smollm2").codec

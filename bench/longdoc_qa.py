@@ -18,7 +18,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
 An answer is correct when it contains an accepted string (case-insensitive, whitespace runs as one
 space). Documents are ingested once into stores under --work and reused by later runs.
 
-    python bench/longdoc_qa.py --lengths 32k --systems tiered,ceiling,bm25 --out bench/results/longdoc_qa.32k.json
+    python -m bench.longdoc_qa --lengths 32k --systems tiered,ceiling,bm25 --out bench/results/longdoc_qa.32k.json
 """
 from __future__ import annotations
 
@@ -35,18 +35,17 @@ from pathlib import Path
 
 import torch
 
+from bench.longdoc_corpus import build_corpus
+from bench.report import environment, sha256_ids, write_report
+
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import prefill
+from index.lexical import bm25_scores
+from tieredkv.models.loading import load_model
+from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from longdoc_corpus import build_corpus  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
-
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from index.lexical import bm25_scores  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
-
 QUESTIONS = HERE / "data" / "longdoc_questions.json"
 LENGTHS = {"16k": 16_384, "32k": 32_768, "128k": 131_072}
 SYSTEMS = ("tiered", "ceiling", "bm25", "truncation", "full", "signals")
@@ -291,7 +290,7 @@ class Runner:
 
     def signals(self, item: Item, q_ids: list[int]) -> dict:
         """Rank of the answer page among the document's pages under each signal (None: not ranked)."""
-        from longdoc_signals import signal_ranks
+        from bench.longdoc_signals import signal_ranks
 
         w = item.window
         config = qa_config(self.lm, len(w.doc_ids) + len(q_ids) + self.a.max_new_tokens, **self.variant)
@@ -428,7 +427,7 @@ def render(paths: list[str], out: Path) -> None:
     print(table(rows))
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--lengths", default="16k,32k,128k")
@@ -449,65 +448,96 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--render", nargs="+", metavar="REPORT", help="only combine these reports: a table, and a plot "
                     "at --out with a .png suffix")
+    return ap
+
+
+def checked_args(ap: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """Parse, and refuse unknown lengths, systems or tiered variants before a model is loaded."""
     a = ap.parse_args(argv)
-    if a.render:
-        render(a.render, Path(a.out).with_suffix(".png"))
-        return 0
-    lengths = a.lengths.split(",")
-    systems = a.systems.split(",")
-    bad = [x for x in lengths if x not in LENGTHS] + [s for s in systems if s not in SYSTEMS]
+    a.length_list, a.system_list = a.lengths.split(","), a.systems.split(",")
+    bad = [x for x in a.length_list if x not in LENGTHS] + [s for s in a.system_list if s not in SYSTEMS]
     if bad:
         ap.error(f"unknown lengths/systems {bad}; lengths {list(LENGTHS)}, systems {list(SYSTEMS)}")
-    if a.threads:
-        torch.set_num_threads(a.threads)
     try:
         parse_variant(a.tiered)
     except (ValueError, TypeError) as e:
         ap.error(str(e))
-    lm = load_model(a.model)
-    info, items = prepare(lm, lengths, set(a.questions.split(",")) if a.questions else None)
-    if a.windows:
-        items = [it for it in items if it.window.name in a.windows.split(",")]
-    runner = Runner(lm, a)
-    if a.ingest_only:
-        for w in {it.window.name: it.window for it in items}.values():
-            t0 = time.perf_counter()
-            runner.open(w)
-            print(f"{w.name}: {len(w.doc_ids):,} tokens ready in {time.perf_counter() - t0:.0f}s", flush=True)
-        return 0
-    out = Path(a.out)
-    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
+    return a
+
+
+def ingest_only(runner: Runner, items: list) -> None:
+    for w in {it.window.name: it.window for it in items}.values():
+        t0 = time.perf_counter()
+        runner.open(w)
+        print(f"{w.name}: {len(w.doc_ids):,} tokens ready in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def new_report(lm, a: argparse.Namespace, info: dict, rows: list[dict]) -> dict:
+    args = {k: v for k, v in vars(a).items() if k not in ("length_list", "system_list")}
+    return {"bench": "longdoc_qa", "model": lm.name, "model_fingerprint": lm.fingerprint, "inputs": info,
+            "config": {"max_new_tokens": a.max_new_tokens, "page_size": a.page_size, "ceiling_tokens": CEILING_TOKENS,
+                       "bm25_pages": BM25_PAGES, "args": args},
+            "windows": {}, "environment": environment(), "rows": rows}
+
+
+def answer_row(lm, runner: Runner, it, system: str, q_ids: list[int]) -> dict:
+    """Run one system on one question; the row the report keeps (and one progress line)."""
+    w = it.window
+    t0 = time.perf_counter()
+    ids, ev = runner.run(system, it, q_ids)
+    secs = time.perf_counter() - t0
+    ids = until_eos(lm, ids)
+    answer = lm.codec.decode(ids).strip()
+    correct = is_correct(answer, it.q["answers"]) if system != "signals" else None
+    row = {"length": w.length, "window": w.name, "id": it.q["id"], "system": system,
+           "depth": round(it.depth, 4), "correct": correct, "answer": answer,
+           "output_ids_sha256": sha256_ids(ids), "question_ids_sha256": sha256_ids(q_ids),
+           "seconds": round(secs, 2), **ev}
+    print(f"{w.name:9s} {it.q['id']} {system:10s} {'OK ' if row['correct'] else '-- '} {secs:6.1f}s "
+          f"{answer[:70]!r}", flush=True)
+    return row
+
+
+def run_items(lm, runner: Runner, a: argparse.Namespace, items: list, report: dict, out: Path) -> None:
+    """Answer every (question, system) not already in the report, writing the report after each row."""
+    rows = report["rows"]
     done = {(r["length"], r["id"], r["system"]) for r in rows}
     full_max = list(LENGTHS).index(a.full_max)
-    report = {"bench": "longdoc_qa", "model": lm.name, "model_fingerprint": lm.fingerprint, "inputs": info,
-              "config": {"max_new_tokens": a.max_new_tokens, "page_size": a.page_size, "ceiling_tokens": CEILING_TOKENS,
-                         "bm25_pages": BM25_PAGES, "args": vars(a)},
-              "windows": {}, "environment": environment(), "rows": rows}
     items.sort(key=lambda it: (list(LENGTHS).index(it.window.length), it.window.index, it.q["id"]))
     for it in items:
         w = it.window
         report["windows"][w.name] = {"doc_tokens": len(w.doc_ids), "doc_ids_sha256": sha256_ids(w.doc_ids)}
         _, q_ids = prompt_parts(lm, w.text, it.q["question"])
-        for system in systems:
+        for system in a.system_list:
             if (w.length, it.q["id"], system) in done:
                 continue
             if system == "full" and list(LENGTHS).index(w.length) > full_max:
                 continue
-            t0 = time.perf_counter()
-            ids, ev = runner.run(system, it, q_ids)
-            secs = time.perf_counter() - t0
-            ids = until_eos(lm, ids)
-            answer = lm.codec.decode(ids).strip()
-            correct = is_correct(answer, it.q["answers"]) if system != "signals" else None
-            row = {"length": w.length, "window": w.name, "id": it.q["id"], "system": system,
-                   "depth": round(it.depth, 4), "correct": correct, "answer": answer,
-                   "output_ids_sha256": sha256_ids(ids), "question_ids_sha256": sha256_ids(q_ids),
-                   "seconds": round(secs, 2), **ev}
-            rows.append(row)
-            print(f"{w.name:9s} {it.q['id']} {system:10s} {'OK ' if row['correct'] else '-- '} {secs:6.1f}s "
-                  f"{answer[:70]!r}", flush=True)
+            rows.append(answer_row(lm, runner, it, system, q_ids))
             report["summary"] = summarize(rows)
             write_report(out, report)
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    a = checked_args(ap, argv)
+    if a.render:
+        render(a.render, Path(a.out).with_suffix(".png"))
+        return 0
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    lm = load_model(a.model)
+    info, items = prepare(lm, a.length_list, set(a.questions.split(",")) if a.questions else None)
+    if a.windows:
+        items = [it for it in items if it.window.name in a.windows.split(",")]
+    runner = Runner(lm, a)
+    if a.ingest_only:
+        ingest_only(runner, items)
+        return 0
+    out = Path(a.out)
+    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
+    report = new_report(lm, a, info, rows)
+    run_items(lm, runner, a, items, report, out)
     report["summary"] = summarize(rows)
     write_report(out, report)
     plot(rows, lm.name, out.with_suffix(".png"))

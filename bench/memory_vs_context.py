@@ -34,16 +34,15 @@ from pathlib import Path
 import psutil
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
+from bench.common import add_retrieval_args, retrieval_kwargs
+from bench.report import environment, sha256_ids, write_report
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from tieredkv.question.corpus import python_reference  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import prefill
+from tieredkv.question.corpus import python_reference
+from tieredkv.models.loading import load_model
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
 

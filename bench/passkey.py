@@ -6,12 +6,13 @@ retrieved pages re-rotated to sit before the local window, InfLLM-style). Each t
 its policy's defaults (top-16 per KV head under own, top-8 and the attended scoring frame under
 fixed) unless --topk-pages / --score-frame say otherwise.
 
-    python bench/passkey.py --contexts 4096,8192,16384 --json
-    python bench/passkey.py --tasks passkey --contexts 131072 --depths 0.5 --systems tiered-fixed
+    python -m bench.passkey --contexts 4096,8192,16384 --json
+    python -m bench.passkey --tasks passkey --contexts 131072 --depths 0.5 --systems tiered-fixed
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -19,18 +20,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
-from report import environment, write_report  # noqa: E402
-from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
+from bench.common import add_retrieval_args, retrieval_kwargs
+from bench.report import environment, recheck_block, write_report
+from bench.longctx_tasks import HAYSTACKS, TASKS
 
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import prefill  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.engine.placement import ForcedPages  # noqa: E402
-from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
-from tieredkv.question.qa import qa_config  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import prefill
+from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import determinism_domain
+from tieredkv.engine.placement import ForcedPages
+from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig
+from tieredkv.question.qa import qa_config
+from tieredkv.engine.tiered_model import TieredModel
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed", "tiered-qa")
 # "tiered-qa" answers as `tieredkv qa` does (tieredkv.question.qa.qa_config: own positions inside the window,
@@ -109,14 +110,45 @@ def _write(a, lm, cfg_kw, rows) -> list[dict]:
         summary.setdefault(k, []).append(r["correct"])
     table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
              for (t, s, c), v in sorted(summary.items())]
+    outputs, inputs = hashed(rows)
     report = {"bench": "passkey", "model": lm.name, "model_fingerprint": lm.fingerprint,
               "config": {**cfg_kw, "sink_pages": 1, "page_size": lm.default_page_size, "args": vars(a)},
-              "environment": environment(), "rows": rows, "accuracy": table}
+              "environment": environment(), "domain": domain(lm), "rows": rows, "accuracy": table,
+              "recheck": recheck_block("bench.passkey", recipe_args(a.argv), outputs, inputs=inputs)}
     write_report(a.out, report)
     return table
 
 
-def main(argv=None) -> int:
+def domain(lm) -> dict:
+    return determinism_domain(lm.model, lm.fingerprint, lm.default_page_size)
+
+
+def hashed(rows: list[dict]) -> tuple[dict[str, str], list[str]]:
+    """Every row's input and output-id hashes by name, and the names that hash inputs (equal in any domain)."""
+    outputs, inputs = {}, []
+    for r in rows:
+        name = f"{r['task']} {r['target_tokens']} d={r['depth']} s={r['seed']} {r['system']}"
+        outputs[f"{name} output_ids"] = r["output_ids_sha256"]
+        outputs[f"{name} input"] = r["input_sha256"]
+        inputs.append(f"{name} input")
+    return outputs, inputs
+
+
+def recipe_args(argv: list[str]) -> list[str]:
+    """This run's arguments as `--recheck-only` re-runs them: the same samples, nothing written."""
+    args, skip = [], False
+    for arg in argv:
+        if skip or arg in ("--json", "--recheck-only"):
+            skip = False
+            continue
+        if arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            args.append(arg)
+    return [*args, "--recheck-only"]
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--tasks", default="passkey,multikey")
@@ -146,15 +178,14 @@ def main(argv=None) -> int:
                     help="filler: the repeated filler sentences (the needle is the only distinct text); prose: the "
                          "Python language reference")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--recheck-only", action="store_true",
+                    help="run the samples and print {outputs, inputs, domain} without writing (`tieredkv recheck`)")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
-    a = ap.parse_args(argv)
-    retrieval = retrieval_kwargs(ap, a)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    lm = load_model(a.model)
-    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
-                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)
-    rows, table = [], []
+    return ap
+
+
+def samples(a: argparse.Namespace, lm):
+    """(task name, target tokens, depth, seed, task, system) for every sample the arguments ask for."""
     plan = [(t, int(n)) for n in a.contexts.split(",") for t in a.tasks.split(",")]
     if a.multikey_max:
         plan = [(t, n) for t, n in plan if t != "multikey" or n <= a.multikey_max]
@@ -165,22 +196,48 @@ def main(argv=None) -> int:
                 for system in a.systems.split(","):
                     if system == "plain" and a.plain_max and n > a.plain_max:
                         continue
-                    t0 = time.perf_counter()
-                    if system == "plain":
-                        out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
-                    elif system == "tiered-qa":
-                        out, extra = run_qa(lm, task, a.max_new_tokens)
-                    else:
-                        out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
-                                                oracle=system.endswith("-oracle"), ask_after=a.ask_after)
-                    row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
-                           "depth": depth, "seed": seed, "system": system, **task.row(lm.codec, out), **extra,
-                           "seconds": round(time.perf_counter() - t0, 2)}
-                    rows.append(row)
-                    table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
-                    print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
-                          f"{'OK ' if row['correct'] else 'BAD'} {row['output']!r} needle_retrieved={extra['needle_retrieved']} "
-                          f"({row['seconds']}s)", file=sys.stderr)
+                    yield task_name, n, depth, seed, task, system
+
+
+def run_sample(a: argparse.Namespace, lm, cfg_kw: dict, sample) -> dict:
+    """Answer one sample with one system; the report's row (and one progress line on stderr)."""
+    task_name, n, depth, seed, task, system = sample
+    t0 = time.perf_counter()
+    if system == "plain":
+        out, extra = run_plain(lm, task, a.max_new_tokens), {"needle_retrieved": None}
+    elif system == "tiered-qa":
+        out, extra = run_qa(lm, task, a.max_new_tokens)
+    else:
+        out, extra = run_tiered(lm, task, a.max_new_tokens, system.split("-")[1], cfg_kw,
+                                oracle=system.endswith("-oracle"), ask_after=a.ask_after)
+    row = {"task": task_name, "target_tokens": n, "context_tokens": len(task.doc_ids) + len(task.question_ids),
+           "depth": depth, "seed": seed, "system": system, **task.row(lm.codec, out), **extra,
+           "seconds": round(time.perf_counter() - t0, 2)}
+    print(f"{task_name:8s} {n:7d} d={depth:.1f} s={seed} {system:13s} "
+          f"{'OK ' if row['correct'] else 'BAD'} {row['output']!r} needle_retrieved={extra['needle_retrieved']} "
+          f"({row['seconds']}s)", file=sys.stderr)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = parser()
+    a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
+    retrieval = retrieval_kwargs(ap, a)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    lm = load_model(a.model)
+    cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
+                  score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)
+    rows, table = [], []
+    for sample in samples(a, lm):
+        rows.append(run_sample(a, lm, cfg_kw, sample))
+        if not a.recheck_only:
+            table = _write(a, lm, cfg_kw, rows)  # after every row: a cut-short run keeps its rows
+    if a.recheck_only:
+        outputs, inputs = hashed(rows)
+        print(json.dumps({"outputs": outputs, "inputs": inputs, "domain": domain(lm)}, sort_keys=True))
+        return 0
     if a.json:
         print(Path(a.out).read_text())
     print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")

@@ -7,9 +7,9 @@
    from LMDB (cold host tier) and to recompute it (canonical prefill), with the SHA-256 of
    the continuation logits after each (they must be equal).
 
-    python bench/remote_tier.py                       # markdown table
-    python bench/remote_tier.py --json --out bench/results/remote_tier.json
-    python bench/remote_tier.py --url redis://host:6379/0 --models tiny-llama
+    python -m bench.remote_tier                       # markdown table
+    python -m bench.remote_tier --json --out bench/results/remote_tier.json
+    python -m bench.remote_tier --url redis://host:6379/0 --models tiny-llama
 
 Without --url a redis-server (or valkey-server) is started on a free loopback port in a temp
 dir and stopped afterwards.
@@ -27,14 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
+import torch
+
+from paging import ROOT_KEY, Page, PageLayout, PageStore, RemoteTier, StoreConfig
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import redis  # noqa: E402
-import torch  # noqa: E402
-
-from paging import ROOT_KEY, Page, PageLayout, PageStore, RemoteTier, StoreConfig  # noqa: E402
 
 # name -> (layers, kv heads, head_dim, page tokens): the page geometries of the models here
 GEOMETRIES = {"tiny-llama": (2, 2, 16, 32), "smollm2": (30, 3, 64, 128)}
@@ -235,7 +233,7 @@ def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
 
 # -- report ---------------------------------------------------------------------------
 def hardware() -> dict:
-    from report import environment
+    from bench.report import environment
 
     return {**environment(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
             "redis_py": redis.__version__}

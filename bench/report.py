@@ -48,3 +48,9 @@ def write_report(path: str | os.PathLike, report: dict[str, Any], *, print_json:
     os.replace(tmp, path)
     if print_json:
         print(text)
+
+
+def recheck_block(module: str, args: list[str], outputs: dict[str, str], **extra: Any) -> dict[str, Any]:
+    """The recipe `tieredkv recheck` replays (tieredkv/provenance/recheck.py): `python -m <module> <args>` must
+    print one JSON object with these `outputs` names and its own `domain`; `extra` adds `inputs`/`relations`."""
+    return {"argv": ["python", "-m", module, *args], "outputs": outputs, **extra}

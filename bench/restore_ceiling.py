@@ -58,16 +58,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, markdown_table, sha256_ids, timed, write_report  # noqa: E402
+from bench.common import environment, markdown_table, sha256_ids, timed, write_report
 
-from paging import PageLayout, PageStore, StoreConfig  # noqa: E402
-from paging.restore import restore_nbytes, restore_pages, verify_stored  # noqa: E402
-from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill  # noqa: E402
-from tieredkv.artifacts.capture import CaptureCache  # noqa: E402
-from tieredkv.question.corpus import python_reference, text_sha256  # noqa: E402
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
+from paging import PageLayout, PageStore, StoreConfig
+from paging.restore import restore_nbytes, restore_pages, verify_stored
+from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill
+from tieredkv.artifacts.capture import CaptureCache
+from tieredkv.question.corpus import python_reference, text_sha256
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
+from tieredkv.models.loading import load_model
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restore_ceiling.json"

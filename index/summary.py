@@ -16,7 +16,7 @@ scores, so we pick the ``R`` keys with the largest inner product with the page's
 the most typical keys of the page. Ties break by position (earlier first) and the chosen keys
 are returned in position order, copied bit-for-bit from the input. NOTE: this proxy favours
 keys that look like the rest of the page; a single outlier token (a "needle") is not
-guaranteed to be chosen. ``bench/index_summary.py`` measures what that costs in recall.
+guaranteed to be chosen. ``lab/2026-11-29-index_summary/`` measured what that costs in recall.
 
 Every method is deterministic: the same input bytes give the same output bytes.
 """

@@ -444,7 +444,7 @@ class LMDBTier(Tier):
         NOTE: LMDB writes a page run of several MB with one writev; the kernel (ext4, Linux 6.x) caches
         it in 2 MB folios, and on VMs that report free memory to the host (Firecracker, this project's
         CI) a 2 MB folio costs a host fault to fill the first time: about 90 MB/s, against about
-        5 GB/s for the same bytes written in 1 MB pieces (docs/PERFORMANCE.md, "Deposit"). Only bytes
+        5 GB/s for the same bytes written in 1 MB pieces (lab/NOTEBOOK.md, "Deposit"). Only bytes
         past the end of the file are written (LMDB never reads past its last committed page), never
         past the map; a failure (disk full) is left to LMDB's own write to report.
         """

@@ -19,7 +19,7 @@ which heals it from a remote or raises CorruptPageError.
 
 NOTE: hashing and copying a piece at a time while it sits in a core's L2 measured no faster than
 page by page (this VM's 260 MB L3 holds a page between the two): the copy is bound by memory
-writes, which is why restore stays near 0.75 of hashing alone (docs/PERFORMANCE.md).
+writes, which is why restore stays near 0.75 of hashing alone (docs/RESULTS.md).
 """
 from __future__ import annotations
 

@@ -78,8 +78,8 @@ class StoreConfig:
     lmdb_map_size: int = 1 * _GiB
     lmdb_max_map_size: int | None = None
     # NOTE: pages are large values stored contiguously, read whole: OS read-ahead makes cold reads
-    # ~7x faster (64 -> 434 MiB/s on 4 MiB values, bench/lmdb_readahead.py). Turn it off only for a store much
-    # larger than RAM read in small random pieces, where read-ahead would evict useful pages.
+    # ~7x faster (64 -> 434 MiB/s on 4 MiB values, lab/2026-11-29-lmdb_readahead/). Turn it off only for a
+    # store much larger than RAM read in small random pieces, where read-ahead would evict useful pages.
     lmdb_readahead: bool = True
     remote: str | None = None
     remote_mode: str = "write-through"

@@ -1,6 +1,6 @@
-"""The faults of issue 16 ("Trust"), shared by tests/trust/ and bench/fault_suite.py.
+"""The trust faults (docs/TRUST.md), shared by tests/trust/ and bench/fault_suite.py.
 
-Each injection damages a copy of a store, a manifest, an artifact file or an input the way the issue
+Each injection damages a copy of a store, a manifest, an artifact file or an input the way a review
 found, then drives the code a user would (open, check, graft, import, the CLI) in a child process, so
 that a SIGBUS or a crash ends the child and is counted instead of ending the run. Outcomes:
 
@@ -478,7 +478,7 @@ def node_kind(path: Path) -> str:
 
 # ----------------------------------------------------------------------------- bad command-line input
 def bad_cli_inputs(tmp_path: Path, store: Path, artifact_id: str) -> dict[str, tuple[list[str], str, str]]:
-    """Issue 16 case 11: name -> (argv, the error it must give, words its one line must hold).
+    """The CLI's bad inputs: name -> (argv, the error it must give, words its one line must hold).
 
     `store` holds artifact `artifact_id` (tiny-llama); files the inputs need are made under `tmp_path`."""
     from tieredkv.models.loading import load_model

@@ -27,7 +27,7 @@ SHAPES = [  # (query heads, K/V heads, queries, keys, head dim)
 
 # NOTE: run in a child process. Changing torch's thread count around attention run at one thread made
 # the next forward of this process compute the rotary's cos differently in 6 of 20 processes (torch 2.13
-# CPU; bench/thread_switch_hazard.py, docs/DESIGN.md), which the exactness tests after this one would see.
+# CPU; lab/2026-12-02-thread_switch_hazard/, docs/DESIGN.md), which the exactness tests after this one would see.
 _CHILD = """
 import sys, torch
 from transformers.integrations.sdpa_attention import repeat_kv

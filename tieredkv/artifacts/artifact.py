@@ -217,7 +217,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
         install_kv(cache, restored.kv, lm.model.device)
     # NOTE: deposited pages go to LMDB only. Admitting them to the host tier kept every page alive
     # (and evicted others) and slowed the deposit to 0.76 of its own forward, against 0.89 without
-    # (docs/PERFORMANCE.md, "Where a deposit's time goes"); a graft reads them back from LMDB, verified.
+    # (lab/NOTEBOOK.md, "Where a deposit's time goes"); a graft reads them back from LMDB, verified.
     writer = PageWriter(store, admit=False)
 
     def seal(s: int, e: int, _out) -> None:
@@ -237,7 +237,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     # NOTE: a page is sealed (copied, hashed) here, between two forwards, and written on one background
     # thread, in order, while the model computes the next chunk: the LMDB commit and its fsync overlap
     # the forward. Sealing there too slowed the forward by up to 20% (the copy holds the GIL and the
-    # hashing takes a core from the forward's threads; docs/PERFORMANCE.md, "Deposit"). Only that thread
+    # hashing takes a core from the forward's threads; lab/NOTEBOOK.md, "Deposit"). Only that thread
     # touches the store until `behind` is drained.
     with Behind() as behind:
         deposit_forward(lm, ids[start:], cache, start=start, page_size=page_size, on_chunk=seal)

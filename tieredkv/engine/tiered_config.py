@@ -78,7 +78,7 @@ class TieredConfig:
     # Per KV head (see `retrieval`). None: the policy's default,
     # TOPK_DEFAULTS. Under "own" more pages is closer to exact; under "fixed" (beyond the window)
     # more retrieved filler drowns the answer: for smollm2 at 16K top-8 answered passkeys that
-    # top-15 and top-16 did not (bench/results/passkey-16k-diagnosis).
+    # top-15 and top-16 did not (lab/2026-11-29-passkey-runs/passkey-16k-diagnosis).
     topk_pages: int | None = None
     summary: str = "minmax"
     num_repr: int = 4
@@ -94,7 +94,7 @@ class TieredConfig:
     # default): no cap, up to Hkv x top-k. Else the union is filled by rank, each KV head's best page
     # first, then each head's second, and so on, until it holds `union_pages` pages: a working set of at
     # most sink + union_pages + local pages at every context length, in which every head still reads its
-    # best pages and all heads' pages together (docs/PERFORMANCE.md measures speed, docs/RESULTS.md answers).
+    # best pages and all heads' pages together (lab/NOTEBOOK.md measures speed, docs/RESULTS.md answers).
     union_pages: int | None = None
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
@@ -110,7 +110,7 @@ class TieredConfig:
     # layer's previous selection instead of searching again, for up to `reuse_steps` steps after a
     # search, while the layer's query stays within cosine REUSE_MIN_COSINE of the query that searched
     # and no page was sealed meanwhile (tiered_cache.py). Saves the search and the page copies of a
-    # changed selection; docs/PERFORMANCE.md measures what it does to answers.
+    # changed selection; lab/2026-12-01-reuse_selection/ measured what it does to answers.
     reuse_steps: int = 0
 
     def __post_init__(self):

@@ -4,7 +4,7 @@ re-check any number. A report is a pre-registration.
 The convention (any benchmark can follow it):
 
     "domain":  {...}                                  determinism_domain() of the run
-    "recheck": {"argv": ["python", "bench/x.py", "--recheck-only", ...],
+    "recheck": {"argv": ["python", "-m", "bench.x", "--recheck-only", ...],
                 "outputs": {"<name>": "<sha256>", ...}}
 
 `argv` re-runs a deterministic sub-computation; it prints one JSON object with the same `outputs`

@@ -6,7 +6,7 @@ neighbourhood. Beyond the window, `fixed` packs the retrieved pages next to each
 K/V never saw one another: four needles of the same form stay four unrelated islands. Re-encoding
 runs the model's own attention over the sink page and the most-retrieved pages, in position order,
 at the positions `fixed` packs them to, so that each page's K/V are computed with the others
-before it (bench/placement_sweep.py measures what this changes: `reencode`).
+before it (lab/2026-11-29-placement_sweep/ measured what this changes: `reencode`).
 
     probe      one forward of the prompt over a throwaway cache attached to the same pages:
                which far pages do the most layers retrieve (a layer's selection is the

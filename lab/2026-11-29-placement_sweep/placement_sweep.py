@@ -40,10 +40,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from longctx_tasks import TASKS, Task  # noqa: E402
-from passkey import run_plain  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
+from bench.longctx_tasks import TASKS, Task  # noqa: E402
+from bench.passkey import run_plain  # noqa: E402
+from bench.report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.models.loading import load_model  # noqa: E402

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment, sha256_ids, write_report  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-11-29-summary_choice"))  # a sibling study
+from bench.report import environment, sha256_ids, write_report  # noqa: E402
 from summary_choice import capture_queries  # noqa: E402
 
 from index import PageIndex, summarize  # noqa: E402

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from longctx_tasks import passkey  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
+from bench.longctx_tasks import passkey  # noqa: E402
+from bench.report import environment, sha256_ids, write_report  # noqa: E402
 
 from index import SUMMARY_METHODS, PageIndex, summarize  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402

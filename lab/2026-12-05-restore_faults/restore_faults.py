@@ -25,8 +25,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import drop_file_cache, environment, markdown_table, resident_fraction, sha256_ids, timed, \
+from bench.common import drop_file_cache, environment, markdown_table, resident_fraction, sha256_ids, timed, \
     write_report  # noqa: E402
 
 from paging import PageLayout, PageStore, StoreConfig  # noqa: E402

@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment, write_report  # noqa: E402
+from bench.report import environment, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "Grouped heads read one copy of the working set. " * 40

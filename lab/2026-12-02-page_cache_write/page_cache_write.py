@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, write_report  # noqa: E402
+from bench.common import environment, write_report  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "page_cache_write.json"
 VALUE = 6 << 20  # one smollm2 page of 128 tokens is 5.9 MB

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import lmdb
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import drop_file_cache, environment, resident_fraction, write_report  # noqa: E402
+from bench.common import drop_file_cache, environment, resident_fraction, write_report  # noqa: E402
 
 
 def main(argv=None) -> int:

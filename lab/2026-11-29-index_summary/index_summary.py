@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import faiss  # noqa: E402  (only for its version in the header)
 
 from index import SUMMARY_METHODS, PageIndex, summarize  # noqa: E402

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory_vs_context import PlainRef, corpus_ids, decode_ms  # noqa: E402
-from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "2026-12-01-reuse_selection"))  # a sibling study
+from bench.memory_vs_context import PlainRef, corpus_ids, decode_ms  # noqa: E402
+from bench.common import add_retrieval_args, retrieval_kwargs  # noqa: E402
+from bench.report import environment, sha256_ids, write_report  # noqa: E402
 from reuse_selection import reused_plan_share  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
