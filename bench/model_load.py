@@ -6,7 +6,7 @@ directory. The three ways alternate `--rounds` times; the OS page cache is warm 
 reads the files either way; only the hashing of the loaded weights differs). Entries go to a temporary
 $TIEREDKV_CACHE.
 
-    python bench/model_load.py --json
+    python -m bench.model_load --json
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, write_report
+from bench.common import environment, write_report
 
 from tieredkv.models import fingerprint_cache, loading
 from tieredkv.models.loading import fingerprint_model, load_model
