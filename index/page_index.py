@@ -219,8 +219,10 @@ class PageIndex:
         want = k + len(exclude)
         for h in range(self.num_heads):
             cand = rows.candidates(h, pos[h], neg[h], want)  # [M] row numbers, ascending
+            # NOTE: a few dozen candidates: set lookups beat np.isin's sort, which costs as much as the scan
+            cand = cand[np.fromiter((int(p) not in exclude for p in page_ids[cand]), dtype=bool, count=len(cand))]
             scores = quest_bound(q[h], upper[h, cand], lower[h, cand])  # [M]: the flat scan's bytes
-            ids, best = _top_pages(page_ids[cand], scores, k, exclude)
+            ids, best = _top_pages(page_ids[cand], scores, k, ())
             out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
 
     def union_topk(self, layer: int, queries: np.ndarray, k: int,
