@@ -24,6 +24,7 @@ from common import add_retrieval_args, retrieval_kwargs  # noqa: E402
 from report import environment, write_report  # noqa: E402
 from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
 
+from index import PageIndex  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.models.loading import load_model  # noqa: E402
@@ -145,12 +146,17 @@ def main(argv=None) -> int:
     ap.add_argument("--haystack", default="filler", choices=HAYSTACKS,
                     help="filler: the repeated filler sentences (the needle is the only distinct text); prose: the "
                          "Python language reference")
+    ap.add_argument("--flat-scan-below", type=int,
+                    help="PageIndex.flat_scan_below: 1 runs every page search as the candidate pass, a huge value "
+                         "as the flat scan (the two are exact: the answers must not change)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     a = ap.parse_args(argv)
     retrieval = retrieval_kwargs(ap, a)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.flat_scan_below is not None:
+        PageIndex.flat_scan_below = a.flat_scan_below
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
                   score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)

@@ -36,9 +36,9 @@ from .summary import check_method, max_summary_vectors
 _MAX_PAGE_ID = 2**63 - 1
 # Below this many pages a minmax search scores every page in float64 (flat scan); from it on, the exact
 # float32 candidate pass of bound_scan.py. Both give the same answers (tests/index/test_bound_scan.py);
-# below 512 pages (64K tokens of 128-token pages) the flat scan is as fast or faster (docs/DESIGN.md,
+# below 1,024 pages (128K tokens of 128-token pages) the flat scan is as fast or faster (docs/DESIGN.md,
 # "Page search").
-FLAT_SCAN_BELOW = 512
+FLAT_SCAN_BELOW = 1024
 
 
 class PageIndex:
