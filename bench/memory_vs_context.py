@@ -363,6 +363,10 @@ def plot(rows, path: Path, model: str) -> None:
         if system == "tiered":
             ax1.plot(x, [r["disk_bytes"] / 2**20 for r in rs], "^:", label="LMDB on disk (tiered)")
         ax2.plot(x, [r["decode_ms_per_token"] for r in rs], style, label=system)
+        paired = [r for r in rs if "decode_pair_ms_per_token" in r]
+        if paired:  # --decode-pair: the second context's steps, alternated with these
+            ax2.plot([r["context_tokens"] for r in paired], [r["decode_pair_ms_per_token"] for r in paired], "x:",
+                     label=f"{system}, {paired[0]['decode_pair_context']:,}-token context alongside")
     plot_search(ax3, [r for r in rows if r.get("system") == "tiered" and "search_ms_per_step" in r])
     for ax in (ax1, ax2, ax3):
         ax.set_xscale("log", base=2)
