@@ -14,9 +14,15 @@ chunk at the reference context (rolled back too). Ingest is reported both cumula
 all ingest seconds so far) and over that window (the rate at this context length). With
 `--pair-context 8192` a second context of other text is ingested to 8,192 tokens in a store of its
 own, and in every later window each timed chunk alternates with one of its chunks: ingest at the
-checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`).
+checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`). With `--decode-pair 8192`
+every decode step alternates with one of a second context of 8,192 tokens (`decode_vs_pair`).
+
+Each checkpoint also reports the page search (search_probe.py): ms per decode step inside the timed steps,
+and over a few more steps the flat scan's ms on the same queries and the recall of its top-k (the search
+is exact: recall 1.0 and identical selections, checked, not assumed).
 
     python bench/memory_vs_context.py --model tiny-llama --contexts 8192,...,1048576 --json
+    python bench/memory_vs_context.py --model tiny-llama --contexts 8192,131072,1048576 --no-plain --decode-pair 8192
     python bench/memory_vs_context.py --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
         --ref-contexts 4096,8192 --no-plain
 """
