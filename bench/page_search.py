@@ -10,7 +10,7 @@ those steps (layer, queries, k, excluded pages) is recorded. Then, on that index
    above FLAT_SCAN_BELOW pages) on the index, and on the index's pages repeated `--tile` times (page ids
    renumbered) to reach millions of tokens' worth of pages; both answers compared byte for byte.
 
-    python bench/page_search.py --context 131072 --tile 1,8,22
+    python -m bench.page_search --context 131072 --tile 1,8,22
 """
 from __future__ import annotations
 
@@ -23,15 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory_vs_context import corpus_ids, decode_ms, greedy_step  # noqa: E402
-from report import environment, sha256_ids, write_report  # noqa: E402
-
-from index import PageIndex, quest_bound  # noqa: E402
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
-from tieredkv.engine.tiered_model import TieredModel, working_set_bytes  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
+from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
+from bench.report import environment, sha256_ids, write_report
+from index import PageIndex, quest_bound
+from paging import PageStore, StoreConfig
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+from tieredkv.models.loading import load_model
 
 
 class Recorder:

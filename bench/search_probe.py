@@ -5,10 +5,10 @@
     probe.ms_per_step(steps), probe.flat_ms_per_step(steps), probe.recall()
 
 Every `search` is timed (per step: the median search times the searches per step, so that a neighbour's
-burst on a shared machine does not land in one mean); with `compare` the same call also runs the flat scan (`PageIndex.search_flat`,
-timed apart) and the two selections are compared: recall is the share of the flat scan's top-k pages
-(per KV head) that the search returned, and `identical` counts searches whose ids and scores are the
-same bytes. Everything else is forwarded to the index.
+burst on a shared machine does not land in one mean); with `compare` the same call also runs the flat
+scan (`PageIndex.search_flat`, timed apart) and the two selections are compared: recall is the share of
+the flat scan's top-k pages (per KV head) that the search returned, and `identical` counts searches whose
+ids and scores are the same bytes. Everything else is forwarded to the index.
 """
 from __future__ import annotations
 
