@@ -14,9 +14,15 @@ chunk at the reference context (rolled back too). Ingest is reported both cumula
 all ingest seconds so far) and over that window (the rate at this context length). With
 `--pair-context 8192` a second context of other text is ingested to 8,192 tokens in a store of its
 own, and in every later window each timed chunk alternates with one of its chunks: ingest at the
-checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`).
+checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`). With `--decode-pair 8192`
+every decode step alternates with one of a second context of 8,192 tokens (`decode_vs_pair`).
+
+Each checkpoint also reports the page search (search_probe.py): ms per decode step inside the timed steps,
+and over a few more steps the flat scan's ms on the same queries and the recall of its top-k (the search
+is exact: recall 1.0 and identical selections, checked, not assumed).
 
     python bench/memory_vs_context.py --model tiny-llama --contexts 8192,...,1048576 --json
+    python bench/memory_vs_context.py --model tiny-llama --contexts 8192,131072,1048576 --no-plain --decode-pair 8192
     python bench/memory_vs_context.py --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
         --ref-contexts 4096,8192 --no-plain
 """
@@ -36,6 +42,7 @@ import torch
 
 from bench.common import add_retrieval_args, retrieval_kwargs
 from bench.report import environment, sha256_ids, write_report
+from bench.search_probe import SearchProbe
 
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
@@ -68,21 +75,32 @@ def sync() -> None:
 
 
 @torch.inference_mode()
-def decode_ms(step, num_tokens: int, ref_step=None) -> tuple[float, list[int], float | None]:
-    """Median ms/token over `num_tokens` greedy steps of `step(token) -> next token`; with `ref_step`
-    (a plain reference step, rolled back), each step alternates with one of it: (ms, ids, ref ms)."""
-    times, ref_times, out, tok = [], [], [], 0
+def decode_ms(step, num_tokens: int, *ref_steps) -> tuple[float, list[int], list[float]]:
+    """Median ms/token over `num_tokens` greedy steps of `step(token) -> next token`; each step alternates
+    with one of every `ref_steps` (a plain reference step rolled back, a second context's step), so a busy
+    machine slows them alike: (ms, ids, each reference's ms)."""
+    times, ref_times, out, tok = [], [[] for _ in ref_steps], [], 0
     for _ in range(num_tokens):
         t0 = time.perf_counter()
         tok = step(tok)
         times.append(time.perf_counter() - t0)
         out.append(tok)
-        if ref_step is not None:
+        for ref_step, ts in zip(ref_steps, ref_times):
             t0 = time.perf_counter()
             ref_step(tok)
-            ref_times.append(time.perf_counter() - t0)
+            ts.append(time.perf_counter() - t0)
     med = lambda xs: 1000 * sorted(xs)[len(xs) // 2]  # noqa: E731
-    return med(times), out, (med(ref_times) if ref_times else None)
+    return med(times), out, [med(ts) for ts in ref_times]
+
+
+def greedy_step(tm):
+    """One tiered decode step: token in (a printable byte of it), greedy next token out."""
+
+    def step(tok):
+        logits = tm.forward(torch.tensor([[int(tok) % 200 + 32]], device=tm.model.device), logits_to_keep=1).logits
+        return int(logits[0, -1].argmax())
+
+    return step
 
 
 class PlainRef:
@@ -121,6 +139,25 @@ class PlainRef:
         return time.perf_counter() - t0
 
 
+def timed_decode(tm, decode_tokens: int, ref_steps=(), check_tokens: int = 4):
+    """`decode_ms` of the tiered model's greedy steps, with the page search timed inside them; then
+    `check_tokens` more steps whose every search is also run as the flat scan and compared (timed apart,
+    so the comparison never slows the timed steps). -> (ms, ids, ref ms list, the row's search fields)."""
+    step = greedy_step(tm)
+    if tm.cache.index is None:  # nothing sealed yet: no search
+        return (*decode_ms(step, decode_tokens, *ref_steps), {})
+    with SearchProbe(tm.cache, compare=False) as timing:
+        ms, out, ref_ms = decode_ms(step, decode_tokens, *ref_steps)
+    with SearchProbe(tm.cache, compare=True) as check:
+        decode_ms(step, check_tokens)
+    flat = len(tm.cache.index) < tm.cache.index.flat_scan_below
+    search = {"search": "flat" if flat else "bound_scan", "search_ms_per_step": timing.ms_per_step(decode_tokens),
+              "search_flat_ms_per_step": check.flat_ms_per_step(check_tokens),
+              "search_check_ms_per_step": check.ms_per_step(check_tokens), "search_recall": check.recall(),
+              "search_identical": f"{check.identical}/{check.searches}"}
+    return ms, out, ref_ms, search
+
+
 def mean_retrieved(log) -> float | None:
     return round(sum(map(len, log)) / len(log), 2) if log else None
 
@@ -149,7 +186,7 @@ class PairContext:
 
 
 def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budget=None, ref=None, rate_window=0,
-                pair_context=0):
+                pair_context=0, decode_pair=0):
     # NOTE: the device tier is sized to the largest working set (all layers), so it cannot grow
     # with context, and sink and local pages stay resident while retrieved pages change.
     store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg), device=str(lm.model.device),
@@ -157,6 +194,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
     tm = TieredModel(lm, store, cfg)
     chunk = tm.page_size * cfg.chunk_pages
     pair = PairContext(lm, f"{store_dir}.pair", cfg, ids, pair_context) if pair_context else None
+    # a context of `decode_pair` tokens whose decode steps alternate with every checkpoint's (--decode-pair)
+    dpair = PairContext(lm, f"{store_dir}.dpair", cfg, ids, decode_pair) if decode_pair else None
     rows, pos, t_ingest = [], 0, 0.0
     for n in contexts:
         if torch.cuda.is_available():
@@ -195,11 +234,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         window_retrieved = mean_retrieved(tm.cache.retrieval_log)
         tm.cache.retrieval_log.clear()
 
-        def step(_tok, _tm=tm):
-            logits = _tm.forward(torch.tensor([[int(_tok) % 200 + 32]], device=_tm.model.device), logits_to_keep=1).logits
-            return int(logits[0, -1].argmax())
-
-        ms, out, ref_ms = decode_ms(step, decode_tokens, ref.decode_step(ref_n) if ref_n is not None else None)
+        refs = ([ref.decode_step(ref_n)] if ref_n is not None else []) + ([greedy_step(dpair.tm)] if dpair else [])
+        ms, out, ref_ms, search = timed_decode(tm, decode_tokens, refs)
         decode_retrieved = mean_retrieved(tm.cache.retrieval_log)
         st = store.stats()
         buffers = sum(layer.buffer.nbytes for layer in tm.cache.layers if layer.buffer is not None)
@@ -219,15 +255,19 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         row["lmdb_reads"] = st["integrity"]["verified_reads"]  # pages read from LMDB (verified), so far
         # retrieved far pages per full-attention layer and forward (the union over KV heads); None: no retrieval
         row["decode_retrieved_pages_mean"] = decode_retrieved
+        row.update(search)
         if window:
             row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s,
                         "ingest_window_lmdb_reads": window_reads, "ingest_window_retrieved_pages_mean": window_retrieved})
         if pairing and pair_tokens:
             row.update({"pair_context_tokens": pair_start, "pair_ingest_window_tokens_per_s": pair_tokens / pair_s,
                         "ingest_window_vs_pair": (window / win_s) / (pair_tokens / pair_s)})
+        if dpair is not None:
+            row.update({"decode_pair_context": decode_pair, "decode_pair_ms_per_token": ref_ms[-1],
+                        "decode_vs_pair": ms / ref_ms[-1]})
         if ref_n is not None:
-            row.update({"plain_ref_context": ref_n, "plain_ref_decode_ms_per_token": ref_ms,
-                        "decode_vs_plain_ref": ms / ref_ms})
+            row.update({"plain_ref_context": ref_n, "plain_ref_decode_ms_per_token": ref_ms[0],
+                        "decode_vs_plain_ref": ms / ref_ms[0]})
             if ref_s:
                 row["plain_ref_prefill_tokens_per_s"] = chunk * len(ref_s) / sum(ref_s)
         rows.append(row)
@@ -237,6 +277,10 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         pair.tm.close()
         pair.store.close()
         shutil.rmtree(f"{store_dir}.pair", ignore_errors=True)
+    if dpair is not None:
+        dpair.tm.close()
+        dpair.store.close()
+        shutil.rmtree(f"{store_dir}.dpair", ignore_errors=True)
     store.close()
     return rows
 
@@ -258,7 +302,7 @@ def plain_rows(lm, ids, contexts, decode_tokens, budget_s, log):
                            logits_to_keep=1)
             return int(out.logits[0, -1].argmax())
 
-        ms, out = decode_ms(step, decode_tokens)
+        ms, out, _ = decode_ms(step, decode_tokens)
         t_total += time.perf_counter() - t0
         kv = sum(l.keys.numel() * l.keys.element_size() * 2 for l in cache.layers if l.keys is not None)
         row = {"system": "hf-dynamiccache", "context_tokens": n, "device_bytes": kv, "device_tier_bytes": kv, "cuda_peak_bytes": cuda_peak(),
@@ -313,7 +357,7 @@ def plot(rows, path: Path, model: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.2))
     for system, style in (("tiered", "o-"), ("hf-dynamiccache", "s--")):
         rs = [r for r in rows if r.get("system") == system and "context_tokens" in r]
         if not rs:
@@ -324,7 +368,12 @@ def plot(rows, path: Path, model: str) -> None:
         if system == "tiered":
             ax1.plot(x, [r["disk_bytes"] / 2**20 for r in rs], "^:", label="LMDB on disk (tiered)")
         ax2.plot(x, [r["decode_ms_per_token"] for r in rs], style, label=system)
-    for ax in (ax1, ax2):
+        paired = [r for r in rs if "decode_pair_ms_per_token" in r]
+        if paired:  # --decode-pair: the second context's steps, alternated with these
+            ax2.plot([r["context_tokens"] for r in paired], [r["decode_pair_ms_per_token"] for r in paired], "x:",
+                     label=f"{system}, {paired[0]['decode_pair_context']:,}-token context alongside")
+    plot_search(ax3, [r for r in rows if r.get("system") == "tiered" and "search_ms_per_step" in r])
+    for ax in (ax1, ax2, ax3):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
         ax.grid(alpha=0.3)
@@ -338,7 +387,17 @@ def plot(rows, path: Path, model: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
+def plot_search(ax, rs: list[dict]) -> None:
+    """Page search ms per decode step (all layers): the search decode uses and the flat scan it equals."""
+    x = [r["context_tokens"] for r in rs]
+    ax.plot(x, [r["search_ms_per_step"] for r in rs], "o-", label="page search (decode)")
+    ax.plot(x, [r["search_flat_ms_per_step"] for r in rs], "x--", label="flat scan (reference)")
+    recalls = [r["search_recall"] for r in rs if r.get("search_recall") is not None]
+    ax.set_ylabel("search ms / decode step")
+    ax.set_title(f"page search (recall of the flat top-k: min {min(recalls):.3f})" if recalls else "page search")
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--contexts", default=DEFAULT_CONTEXTS)
@@ -364,38 +423,92 @@ def main(argv=None) -> int:
     ap.add_argument("--pair-context", type=int, default=0,
                     help="a second context of this many tokens (e.g. 8192) whose chunks alternate with the rate "
                          "window's at every larger checkpoint: ingest at both lengths in one time window")
+    ap.add_argument("--decode-pair", type=int, default=0,
+                    help="a second context of this many tokens (e.g. 8192) whose decode steps alternate with every "
+                         "checkpoint's: decode at both lengths in one time window (decode_vs_pair)")
     a = ap.parse_args(argv)
     retrieval = retrieval_kwargs(ap, a)
     if a.rate_window < 0 or a.pair_context < 0 or (a.pair_context and not a.rate_window):
         ap.error("--rate-window and --pair-context must be >= 0, and --pair-context times the chunks of a rate "
                  "window: give --rate-window too")
+    return a, retrieval
+
+
+def measure(lm, a, cfg: TieredConfig, contexts: list[int], log) -> list[dict]:
+    """Every row: the tiered context at each checkpoint, then (unless --no-plain) the plain model."""
+    ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
+    ref_contexts = sorted(int(x) for x in a.ref_contexts.split(",") if x)
+    ref = PlainRef(lm, ids, ref_contexts) if ref_contexts else None
+    with tempfile.TemporaryDirectory(prefix="tkv-mem-") as tmp:
+        host = int(a.host_budget_gib * 2**30) if a.host_budget_gib else None
+        rows = tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log, host, ref=ref,
+                           rate_window=a.rate_window, pair_context=a.pair_context, decode_pair=a.decode_pair)
+    del ref
+    gc.collect()
+    if not a.no_plain:
+        rows += plain_rows(lm, ids, contexts, a.decode_tokens, a.plain_budget_s, log)
+    return rows
+
+
+# decode ms/token at a context against 8,192 tokens in the same run: the most it may grow
+DECODE_VS_8K_TARGETS = ((1_048_576, 1.3), (2_854_766, 1.5))
+
+
+def search_checks(tiered: list[dict]) -> dict:
+    """Decode at each larger context against 8K (same run), and the search's recall of the flat scan."""
+    at8k = next((r for r in tiered if r["context_tokens"] == 8192), None)
+    out = {}
+    def target(n: int) -> float | None:
+        return next((t for most, t in DECODE_VS_8K_TARGETS if n <= most), None)
+
+    if at8k:  # the checkpoints one after the other: a neighbour's load in between skews it
+        out["decode_vs_8k"] = [{"context": r["context_tokens"], "target_max": target(r["context_tokens"]),
+                                "ratio": r["decode_ms_per_token"] / at8k["decode_ms_per_token"]}
+                               for r in tiered if r["context_tokens"] > 8192]
+    if any(r.get("decode_pair_context") == 8192 for r in tiered):  # step by step in one time window
+        out["decode_vs_pair_8k"] = [{"context": r["context_tokens"], "target_max": target(r["context_tokens"]),
+                                     "ratio": r["decode_vs_pair"]} for r in tiered if r["context_tokens"] > 8192]
+    recalls = [r["search_recall"] for r in tiered if r.get("search_recall") is not None]
+    if recalls:
+        out["search_recall_min"] = {"value": min(recalls), "target_min": 0.95}
+    return out
+
+
+def print_table(rows: list[dict], checks: dict) -> None:
+    print("\n| system | context | device bytes | host RSS | disk | decode ms/tok | search ms/step (flat scan) "
+          "| recall | plain ref ms/tok (context) | ingest tok/s (cumulative) | ingest tok/s (window) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "context_tokens" in r:
+            refd = (f"{r['plain_ref_decode_ms_per_token']:.1f} ({r['plain_ref_context']:,})"
+                    if r.get("plain_ref_decode_ms_per_token") else "-")
+            search = (f"{r['search_ms_per_step']:.2f} ({r['search_flat_ms_per_step']:.2f})"
+                      if "search_ms_per_step" in r else "-")
+            recall = f"{r['search_recall']:.3f}" if r.get("search_recall") is not None else "-"
+            print(f"| {r['system']} | {r['context_tokens']:,} | {r['device_bytes']/2**20:.1f} MiB | "
+                  f"{r['host_rss_bytes']/2**30:.2f} GiB | {r['disk_bytes']/2**30:.2f} GiB | "
+                  f"{r['decode_ms_per_token']:.2f} | {search} | {recall} | {refd} | "
+                  f"{r.get('ingest_tokens_per_s', 0):.1f} | {r.get('ingest_window_tokens_per_s', 0):.1f} |")
+    print(f"\nchecks: {checks}")
+
+
+def main(argv=None) -> int:
+    a, retrieval = parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     out = Path(a.out or f"bench/results/memory_vs_context.{a.model}.json")
     lm = load_model(a.model)
     lm.model.to(a.device)
     contexts = sorted(int(x) for x in a.contexts.split(","))
-    ids = corpus_ids(lm, contexts[-1] + 64 * len(contexts) * a.decode_tokens)
     cfg = TieredConfig(page_size=a.page_size, chunk_pages=a.chunk_pages, position=a.position, **retrieval)
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
-    rows = []
-    load_start = os.getloadavg()
-    started = time.perf_counter()
-    ref_contexts = sorted(int(x) for x in a.ref_contexts.split(",") if x)
-    ref = PlainRef(lm, ids, ref_contexts) if ref_contexts else None
-    with tempfile.TemporaryDirectory(prefix="tkv-mem-") as tmp:
-        host = int(a.host_budget_gib * 2**30) if a.host_budget_gib else None
-        rows += tiered_rows(lm, ids, contexts, cfg, a.store or tmp, a.decode_tokens, log, host, ref=ref,
-                            rate_window=a.rate_window, pair_context=a.pair_context)
-    del ref
-    gc.collect()
-    if not a.no_plain:
-        rows += plain_rows(lm, ids, contexts, a.decode_tokens, a.plain_budget_s, log)
+    load_start, started = os.getloadavg(), time.perf_counter()
+    rows = measure(lm, a, cfg, contexts, log)
     tiered = [r for r in rows if r.get("system") == "tiered"]
     checks = {
         "device_bytes_largest_over_smallest": tiered[-1]["device_bytes"] / tiered[0]["device_bytes"],
         "decode_ms_largest_over_smallest": tiered[-1]["decode_ms_per_token"] / tiered[0]["decode_ms_per_token"],
-        **ratio_checks(tiered, cfg),
+        **ratio_checks(tiered, cfg), **search_checks(tiered),
     }
     report = {"bench": "memory_vs_context", "model": lm.name, "model_fingerprint": lm.fingerprint,
               "config": {"tiered": cfg.regime(a.page_size), "args": vars(a)}, "environment": environment(),
@@ -405,17 +518,7 @@ def main(argv=None) -> int:
     plot(rows, png, lm.name)
     report["plot"] = str(png)
     write_report(out, report, print_json=a.json)
-    print("\n| system | context | device bytes | host RSS | disk | decode ms/tok | plain ref ms/tok (context) "
-          "| ingest tok/s (cumulative) | ingest tok/s (window) |\n|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "context_tokens" in r:
-            refd = (f"{r['plain_ref_decode_ms_per_token']:.1f} ({r['plain_ref_context']:,})"
-                    if r.get("plain_ref_decode_ms_per_token") else "-")
-            print(f"| {r['system']} | {r['context_tokens']:,} | {r['device_bytes']/2**20:.1f} MiB | "
-                  f"{r['host_rss_bytes']/2**30:.2f} GiB | {r['disk_bytes']/2**30:.2f} GiB | "
-                  f"{r['decode_ms_per_token']:.1f} | {refd} | {r.get('ingest_tokens_per_s', 0):.1f} | "
-                  f"{r.get('ingest_window_tokens_per_s', 0):.1f} |")
-    print(f"\nchecks: {checks}")
+    print_table(rows, checks)
     return 0
 
 

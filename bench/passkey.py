@@ -24,6 +24,7 @@ from bench.common import add_retrieval_args, retrieval_kwargs
 from bench.report import environment, recheck_block, write_report
 from bench.longctx_tasks import HAYSTACKS, TASKS
 
+from index import PageIndex
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import load_model
@@ -177,6 +178,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--haystack", default="filler", choices=HAYSTACKS,
                     help="filler: the repeated filler sentences (the needle is the only distinct text); prose: the "
                          "Python language reference")
+    ap.add_argument("--flat-scan-below", type=int,
+                    help="PageIndex.flat_scan_below: 1 runs every page search as the candidate pass, a huge value "
+                         "as the flat scan (the two are exact: the answers must not change)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--recheck-only", action="store_true",
                     help="run the samples and print {outputs, inputs, domain} without writing (`tieredkv recheck`)")
@@ -226,6 +230,8 @@ def main(argv=None) -> int:
     retrieval = retrieval_kwargs(ap, a)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.flat_scan_below is not None:
+        PageIndex.flat_scan_below = a.flat_scan_below
     lm = load_model(a.model)
     cfg_kw = dict(local_pages=a.local_pages, topk_pages=a.topk_pages, summary=a.summary, chunk_pages=a.chunk_pages,
                   score_frame=a.score_frame, reencode_pages=a.reencode_pages, **retrieval)

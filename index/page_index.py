@@ -8,8 +8,12 @@ vectors under the page's id (R rows share one id):
 Scores of a page for head h, given that head's queries q [Q, D]:
     mean / repr:  max_r (mean_q q) . r   -- the mean of q . r over the chunk, best summary row
     minmax:       mean_q sum_d max(q_d * max_d, q_d * min_d)  (Quest bound; scoring.quest_bound)
-For minmax the faiss index only stores the bounds (rows [max, min] per page); scoring is a
-brute-force numpy pass over all pages of the layer, not an inner-product search.
+For minmax the faiss index only stores the bounds (rows [max, min] per page). Scoring is exact either way,
+switched by the number of pages in the index (`PageIndex.flat_scan_below`, see `search`):
+    fewer pages:  a brute-force float64 numpy pass over all pages of the layer (`search_flat`);
+    more pages:   a float32 faiss pass over [max | min] rows picks the candidates that can make the top-k,
+                  then the same float64 scores rank them (bound_scan.py): the same pages and scores, with
+                  no per-page float64 work, which is what grows with the context.
 
 The index knows vectors and page ids, nothing about models or the page store. It is not safe
 to mutate from several threads at once; concurrent searches are fine.
@@ -25,14 +29,22 @@ import numpy as np
 
 from .errors import IndexStaleError
 from .index_file import read_index_file, write_index_file
+from .bound_scan import BoundRows
 from .scoring import quest_bound
 from .summary import check_method, max_summary_vectors
 
 _MAX_PAGE_ID = 2**63 - 1
+# Below this many pages a minmax search scores every page in float64 (flat scan); from it on, the exact
+# float32 candidate pass of bound_scan.py. Both give the same answers (tests/index/test_bound_scan.py);
+# below 1,024 pages (128K tokens of 128-token pages) the flat scan is as fast or faster (docs/DESIGN.md,
+# "Page search").
+FLAT_SCAN_BELOW = 1024
 
 
 class PageIndex:
     """Summary vectors of pages, searchable per (layer, KV head)."""
+
+    flat_scan_below: int = FLAT_SCAN_BELOW  # minmax: pages below which `search` is the flat scan
 
     def __init__(self, num_layers: int, num_heads: int, dim: int, method: str = "repr",
                  num_repr: int = 4) -> None:
@@ -55,6 +67,7 @@ class PageIndex:
         self._bounds: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = \
             [None] * self.num_layers  # minmax scoring cache per layer, rebuilt after mutation
         self._bounds_buffers: list = [None] * self.num_layers  # its backing arrays (spare capacity)
+        self._rows: list[BoundRows | None] = [None] * self.num_layers  # minmax: float32 rows for bound_scan
 
     def __len__(self) -> int:
         return len(self._page_ids)
@@ -103,7 +116,12 @@ class PageIndex:
             for layer in range(self.num_layers):
                 self._append_bounds(layer, ids, s[:, layer])
         else:
-            self._bounds = [None] * self.num_layers
+            self._drop_bounds()
+
+    def _drop_bounds(self) -> None:
+        """Forget the minmax scoring caches (rebuilt from the faiss rows at the next search)."""
+        self._bounds = [None] * self.num_layers
+        self._rows = [None] * self.num_layers
 
     def _append_bounds(self, layer: int, ids: np.ndarray, rows: np.ndarray) -> None:
         """Extend a layer's cached [max, min] bounds in place (amortised doubling), so that
@@ -124,6 +142,8 @@ class PageIndex:
         buf_up[:, n:n + m] = rows[:, :, 0].transpose(1, 0, 2)  # rows: [N, H, 2, D] -> [H, N, D]
         buf_low[:, n:n + m] = rows[:, :, 1].transpose(1, 0, 2)
         self._bounds[layer] = (buf_ids[:n + m], buf_up[:, :n + m], buf_low[:, :n + m])
+        if self._rows[layer] is not None:
+            self._rows[layer].extend(buf_up[:, n:n + m], buf_low[:, n:n + m])
 
     def remove(self, page_id: int) -> None:
         """Forget one page (``KeyError`` if it is not indexed). O(pages) per call."""
@@ -134,7 +154,7 @@ class PageIndex:
             for index in per_head:
                 index.remove_ids(ids)
         self._page_ids.discard(int(page_id))
-        self._bounds = [None] * self.num_layers
+        self._drop_bounds()
 
     # -- retrieval --------------------------------------------------------------------------
 
@@ -148,6 +168,10 @@ class PageIndex:
         eligible. Pages in ``exclude`` (e.g. sinks and the local window, which attention
         reads anyway) are never returned.
         """
+        return self._search(layer, queries, k, exclude, flat=False)
+
+    def _search(self, layer: int, queries: np.ndarray, k: int, exclude: Container[int],
+                flat: bool) -> tuple[np.ndarray, np.ndarray]:
         q = self._check_queries(layer, queries)  # [H, Q, D] float32
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
@@ -156,20 +180,50 @@ class PageIndex:
         if k == 0 or not self._page_ids:
             return out_ids, out_scores
         if self.method == "minmax":
-            page_ids, upper, lower = self._layer_bounds(layer)
-            scores = quest_bound(q, upper, lower)  # [H, N]: every head in one pass
-            if isinstance(exclude, _LISTABLE) and exclude:  # dropped once for every head
-                keep = _eligible(page_ids, exclude)
-                page_ids, scores, exclude = page_ids[keep], scores[:, keep], ()
-            for h in range(self.num_heads):
-                ids, best = _top_pages(page_ids, scores[h], k, exclude)
-                out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
+            # NOTE: the switch between the two exact scans; an exclude without len() cannot size the
+            # candidate pass, so it takes the flat scan
+            flat = flat or len(self._page_ids) < self.flat_scan_below or not hasattr(exclude, "__len__")
+            (self._search_flat_bounds if flat else self._search_bound_rows)(layer, q, k, exclude, out_ids, out_scores)
         else:
             q_mean = q.mean(axis=1, dtype=np.float64).astype(np.float32)  # [H, D]
             for h in range(self.num_heads):
-                ids, best = self._search_flat(self._indexes[layer][h], q_mean[h], k, exclude)
+                ids, best = self._search_faiss(self._indexes[layer][h], q_mean[h], k, exclude)
                 out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
         return out_ids, out_scores
+
+    def search_flat(self, layer: int, queries: np.ndarray, k: int,
+                    exclude: Container[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """`search` by scoring every page, whatever the page count: the reference the faster scan equals."""
+        return self._search(layer, queries, k, exclude, flat=True)
+
+    def _search_flat_bounds(self, layer, q, k, exclude, out_ids, out_scores) -> None:
+        # minmax, every page scored in float64: q [H, Q, D] -> out_ids, out_scores [H, k] filled in place
+        page_ids, upper, lower = self._layer_bounds(layer)
+        scores = quest_bound(q, upper, lower)  # [H, N]: every head in one pass
+        if isinstance(exclude, _LISTABLE) and exclude:  # dropped once for every head
+            keep = _eligible(page_ids, exclude)
+            page_ids, scores, exclude = page_ids[keep], scores[:, keep], ()
+        for h in range(self.num_heads):
+            ids, best = _top_pages(page_ids, scores[h], k, exclude)
+            out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
+
+    def _search_bound_rows(self, layer, q, k, exclude, out_ids, out_scores) -> None:
+        # minmax, as _search_flat_bounds, but only the candidates of bound_scan.py are scored in float64
+        page_ids, upper, lower = self._layer_bounds(layer)
+        rows = self._rows[layer]
+        if rows is None:
+            rows = self._rows[layer] = BoundRows(self.num_heads, self.dim)
+            rows.extend(upper, lower)
+        q64 = q.astype(np.float64)  # as quest_bound takes the means
+        pos, neg = np.maximum(q64, 0.0).mean(axis=1), np.minimum(q64, 0.0).mean(axis=1)  # [H, D]
+        want = k + len(exclude)
+        for h in range(self.num_heads):
+            cand = rows.candidates(h, pos[h], neg[h], want)  # [M] row numbers, ascending
+            # NOTE: a few dozen candidates: set lookups beat np.isin's sort, which costs as much as the scan
+            cand = cand[np.fromiter((int(p) not in exclude for p in page_ids[cand]), dtype=bool, count=len(cand))]
+            scores = quest_bound(q[h], upper[h, cand], lower[h, cand])  # [M]: the flat scan's bytes
+            ids, best = _top_pages(page_ids[cand], scores, k, ())
+            out_ids[h, :len(ids)], out_scores[h, :len(ids)] = ids, best
 
     def union_topk(self, layer: int, queries: np.ndarray, k: int,
                    exclude: Container[int] = ()) -> list[int]:
@@ -180,7 +234,7 @@ class PageIndex:
         ids, _ = self.search(layer, queries, k, exclude)
         return [int(p) for p in np.unique(ids[ids >= 0])]
 
-    def _search_flat(self, index: faiss.IndexIDMap, q_mean: np.ndarray, k: int,
+    def _search_faiss(self, index: faiss.IndexIDMap, q_mean: np.ndarray, k: int,
                      exclude: Container[int]) -> tuple[np.ndarray, np.ndarray]:
         # q_mean: [D]. Ask faiss for enough rows to cover k pages after dropping excluded
         # pages and duplicate rows of one page; widen if exclude had no len() or hid more.

@@ -1,0 +1,153 @@
+"""Page search against the number of pages: the flat scan, the candidate pass, and why not groups of pages.
+
+One tiny-llama context is ingested to `--context` tokens and decoded for a few steps; every page search of
+those steps (layer, queries, k, excluded pages) is recorded. Then, on that index's real minmax summaries:
+
+1. group bounds: for groups of G consecutive pages, the share of groups whose Quest bound (elementwise max
+   of the pages' maxima, min of their minima) reaches the k-th best page's bound -- the groups an exact
+   best-first search over groups would have to open (1.0: it prunes nothing);
+2. speed: best-of ms per search of `PageIndex.search_flat` and `PageIndex.search` (the candidate pass
+   above FLAT_SCAN_BELOW pages) on the index, and on the index's pages repeated `--tile` times (page ids
+   renumbered) to reach millions of tokens' worth of pages; both answers compared byte for byte.
+
+    python -m bench.page_search --context 131072 --tile 1,8,22
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
+from bench.report import environment, sha256_ids, write_report
+from index import PageIndex, quest_bound
+from paging import PageStore, StoreConfig
+from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+from tieredkv.models.loading import load_model
+
+
+class Recorder:
+    """Stands in for the cache's index during decode: records every search, answers with the index."""
+
+    def __init__(self, index: PageIndex) -> None:
+        self.index, self.calls = index, []
+
+    def __getattr__(self, name):
+        return getattr(self.index, name)
+
+    def search(self, layer, queries, k, exclude=()):
+        self.calls.append((layer, np.array(queries), k, set(exclude)))
+        return self.index.search(layer, queries, k, exclude)
+
+
+def record_searches(lm, ids: list[int], n: int, steps: int, store_dir: str):
+    """Ingest `n` tokens, decode `steps` tokens: (the index, its bounds per layer, the recorded searches)."""
+    cfg = TieredConfig(page_size=128)
+    with PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg), device="cpu")) as store:
+        tm = TieredModel(lm, store, cfg)
+        tm.prefill(ids[:n], logits_to_keep=None)
+        rec = tm.cache.index = Recorder(tm.cache.index)
+        _, out, _ = decode_ms(greedy_step(tm), steps)
+        tm.cache.index = index = rec.index
+        tm.close()
+    return index, [index._layer_bounds(layer) for layer in range(index.num_layers)], rec.calls, out
+
+
+def group_opened(bounds, calls, sizes: list[int]) -> dict[int, dict]:
+    """For each group size G: the share of groups an exact best-first search over groups must open."""
+    out = {}
+    for g in sizes:
+        shares = []
+        for layer, q, k, exclude in calls:
+            page_ids, upper, lower = bounds[layer]
+            heads, n, d = upper.shape
+            scores = quest_bound(q, upper, lower)  # [H, N]
+            eligible = ~np.isin(page_ids, list(exclude))
+            groups = -(-n // g)
+            pad = groups * g - n
+            g_up = np.concatenate([upper, np.full((heads, pad, d), -np.inf)], 1).reshape(heads, groups, g, d).max(2)
+            g_low = np.concatenate([lower, np.full((heads, pad, d), np.inf)], 1).reshape(heads, groups, g, d).min(2)
+            g_scores = quest_bound(q, g_up, g_low)  # [H, groups]
+            for h in range(heads):
+                kth = np.sort(scores[h][eligible])[-k]
+                shares.append(float((g_scores[h] >= kth).mean()))
+        out[g] = {"opened_mean": float(np.mean(shares)), "opened_min": float(np.min(shares))}
+    return out
+
+
+def tiled(index: PageIndex, bounds, times: int) -> PageIndex:
+    """A minmax index holding `index`'s pages `times` over (ids renumbered): [N * times] pages."""
+    rows = np.stack([np.stack([up, low], axis=2) for _, up, low in bounds], axis=0)  # [L, H, N, 2, D]
+    rows = np.tile(rows.transpose(2, 0, 1, 3, 4), (times, 1, 1, 1, 1)).astype(np.float32)  # [N*t, L, H, 2, D]
+    big = PageIndex(index.num_layers, index.num_heads, index.dim, method="minmax")
+    big.add_many(range(len(rows)), rows)
+    return big
+
+
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1000 * best
+
+
+def speed(index: PageIndex, bounds, calls, tiles: list[int], repeats: int) -> list[dict]:
+    rows = []
+    for t in tiles:
+        big = tiled(index, bounds, t) if t > 1 else index
+        n = len(big)
+        flat, fast, same = [], [], 0
+        for layer, q, k, exclude in calls:
+            ex = set(exclude) | set(range(n - 16, n)) if t > 1 else exclude  # the local window moves with n
+            a, b = big.search(layer, q, k, ex), big.search_flat(layer, q, k, ex)
+            same += int(np.array_equal(a[0], b[0]) and a[1].tobytes() == b[1].tobytes())
+            fast.append(best_ms(lambda: big.search(layer, q, k, ex), repeats))
+            flat.append(best_ms(lambda: big.search_flat(layer, q, k, ex), repeats))
+        rows.append({"tile": t, "pages": n, "tokens_equivalent": n * 128, "search_ms_median": float(np.median(fast)),
+                     "flat_scan_ms_median": float(np.median(flat)), "identical": f"{same}/{len(calls)}",
+                     "scan": "flat" if n < big.flat_scan_below else "candidate pass"})
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=131072)
+    ap.add_argument("--steps", type=int, default=6, help="decode steps whose searches are recorded")
+    ap.add_argument("--groups", default="4,8,16,32,64")
+    ap.add_argument("--tile", default="1,8,22")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", default="bench/results/page_search.tiny-llama.json")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    lm = load_model("tiny-llama")
+    ids = corpus_ids(lm, a.context)
+    with tempfile.TemporaryDirectory(prefix="tkv-search-") as tmp:
+        index, bounds, calls, out = record_searches(lm, ids, a.context, a.steps, tmp)
+    groups = group_opened(bounds, calls, [int(x) for x in a.groups.split(",")])
+    rows = speed(index, bounds, calls, [int(x) for x in a.tile.split(",")], a.repeats)
+    report = {"bench": "page_search", "model": lm.name, "model_fingerprint": lm.fingerprint, "args": vars(a),
+              "environment": environment(), "input_sha256": sha256_ids(ids), "output_ids_sha256": sha256_ids(out),
+              "searches": len(calls), "group_bounds": groups, "speed": rows}
+    write_report(Path(a.out), report)
+    print("\n| G (pages per group) | groups opened (mean) |\n|---|---|")
+    for g, r in groups.items():
+        print(f"| {g} | {r['opened_mean']:.3f} |")
+    print("\n| pages | scan | search ms | flat scan ms | identical |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['pages']:,} | {r['scan']} | {r['search_ms_median']:.3f} | {r['flat_scan_ms_median']:.3f} "
+              f"| {r['identical']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
