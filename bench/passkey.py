@@ -27,7 +27,7 @@ from longctx_tasks import HAYSTACKS, TASKS  # noqa: E402
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.artifacts.artifact import prefill  # noqa: E402
 from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.engine.placement import ForcedPages  # noqa: E402
+from testkit.placement import ForcedPages  # noqa: E402
 from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig  # noqa: E402
 from tieredkv.question.qa import qa_config  # noqa: E402
 from tieredkv.engine.tiered_model import TieredModel  # noqa: E402
