@@ -172,7 +172,7 @@ def read_header(src: str | os.PathLike | BinaryIO) -> ArtifactHeader:
 
 def parse_header(raw: bytes, *, version: int = FILE_VERSION, data_offset: int = 0) -> ArtifactHeader:
     """Check the header JSON `raw` field by field; see the module docstring for the schema."""
-    def bad(reason: str, cls: type[ArtifactFormatError] = ArtifactFormatError) -> ArtifactFormatError:
+    def header_error(reason: str, cls: type[ArtifactFormatError] = ArtifactFormatError) -> ArtifactFormatError:
         return cls(f"bad artifact header: {reason}")
 
     # NOTE: JSON of N bytes can cost ~20N bytes parsed ("{}," is a 64-byte dict per 3 bytes) and
@@ -180,36 +180,36 @@ def parse_header(raw: bytes, *, version: int = FILE_VERSION, data_offset: int = 
     # in it. Count containers and items outside strings first, in C, and refuse bombs unparsed.
     skeleton = _JSON_STRING.sub(b'""', raw)
     if skeleton.count(b"{") + skeleton.count(b"[") > 64 + len(raw) // 64 or skeleton.count(b",") > 64 + len(raw) // 16:
-        raise bad("too many JSON containers or items for its size (not a header this build writes)")
+        raise header_error("too many JSON containers or items for its size (not a header this build writes)")
     del skeleton
     try:
         hdr = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise bad(f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise header_error(f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(hdr, dict) or set(hdr) != _HEADER_FIELDS:
         got = sorted(hdr)[:20] if isinstance(hdr, dict) else type(hdr).__name__
-        raise bad(f"must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
+        raise header_error(f"must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
     try:
         canonical = canonical_json(hdr) == raw
     except (ValueError, RecursionError):
         canonical = False
     if not canonical:
-        raise bad("not in canonical form (sorted keys, compact, ASCII)")
+        raise header_error("not in canonical form (sorted keys, compact, ASCII)")
     digest = hdr.pop("header_sha256")
     if not is_hex64(digest) or hashlib.sha256(canonical_json(hdr)).hexdigest() != digest:
-        raise bad("header_sha256 mismatch: the header was altered", ArtifactIntegrityError)
+        raise header_error("header_sha256 mismatch: the header was altered", ArtifactIntegrityError)
     if hdr["format"] != FORMAT_NAME:
-        raise bad(f"format {hdr['format']!r}, expected {FORMAT_NAME!r}")
+        raise header_error(f"format {hdr['format']!r}, expected {FORMAT_NAME!r}")
     if hdr["format_version"] != version:
-        raise bad(f"format_version {hdr['format_version']!r} disagrees with the prefix version {version}",
+        raise header_error(f"format_version {hdr['format_version']!r} disagrees with the prefix version {version}",
                   ArtifactVersionError)
-    art, manifest = parse_record(hdr["manifest"], bad)
-    tokens = _parse_token_section(hdr["token_ids"], art.num_tokens, bad)
-    pages = _parse_page_sections(hdr["pages"], art, bad)
+    art, manifest = parse_record(hdr["manifest"], header_error)
+    tokens = _parse_token_section(hdr["token_ids"], art.num_tokens, header_error)
+    pages = _parse_page_sections(hdr["pages"], art, header_error)
     data_nbytes = hdr["data_nbytes"]
     if not is_int(data_nbytes) or data_nbytes < 0:
-        raise bad(f"data_nbytes must be a non-negative int, got {data_nbytes!r}")
-    _check_layout_of_sections([tokens, *pages], data_nbytes, bad)
+        raise header_error(f"data_nbytes must be a non-negative int, got {data_nbytes!r}")
+    _check_layout_of_sections([tokens, *pages], data_nbytes, header_error)
     return ArtifactHeader(version, art, manifest, tokens, tuple(pages), data_offset, data_nbytes, digest)
 
 

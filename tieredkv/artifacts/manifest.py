@@ -35,35 +35,36 @@ def parse_manifest(data: bytes, *, stored_as: str | None = None, where: str = "t
     """The Artifact of manifest bytes `data` (stored under `stored_as`), or ManifestIntegrityError."""
     label = f"manifest {stored_as!r} in {where}" if stored_as else f"a manifest in {where}"
 
-    def bad(reason: str, _cls=None) -> ManifestIntegrityError:
+    def not_genuine(reason: str, _cls=None) -> ManifestIntegrityError:
         return ManifestIntegrityError(f"{label} is not a genuine manifest: {reason}; it was not used — re-import "
                                       "the artifact from a verified file or deposit it again")
 
     try:
         m = strict_json(data)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise bad(f"not JSON ({type(exc).__name__})") from None
+        raise not_genuine(f"not JSON ({type(exc).__name__})") from None
     if not isinstance(m, dict):
-        raise bad("not a JSON object")
+        raise not_genuine("not a JSON object")
     try:
-        art, canonical = parse_record(m, bad)
+        art, canonical = parse_record(m, not_genuine)
     except ManifestIntegrityError:
         raise
     except TieredKVError as exc:  # e.g. an unknown manifest format version
-        raise bad(str(exc)) from None
+        raise not_genuine(str(exc)) from None
     if canonical != bytes(data):
-        raise bad("its bytes are not the canonical form its fields give")
-    verify_artifact(art, bad)
+        raise not_genuine("its bytes are not the canonical form its fields give")
+    verify_artifact(art, not_genuine)
     if stored_as is not None and stored_as != art.artifact_id:
-        raise bad(f"it is stored under {stored_as!r} but names artifact {art.artifact_id!r}")
+        raise not_genuine(f"it is stored under {stored_as!r} but names artifact {art.artifact_id!r}")
     return art
 
 
 def verify_artifact(art: Artifact, bad=None) -> str:
     """Check that `art`'s id commits to its model, domain and root; returns the chain fingerprint."""
-    if bad is None:
-        def bad(reason: str, _cls=None) -> ManifestIntegrityError:
-            return ManifestIntegrityError(f"artifact {art.artifact_id!r}: {reason}; it was not used")
+    def refused(reason: str, _cls=None) -> ManifestIntegrityError:
+        return ManifestIntegrityError(f"artifact {art.artifact_id!r}: {reason}; it was not used")
+
+    bad = bad or refused
     num_pages = -(-art.num_tokens // art.page_size) if art.page_size > 0 else -1
     if len(art.page_keys) != num_pages:
         raise bad(f"{art.num_tokens} tokens in pages of {art.page_size} need {num_pages} pages, the manifest "
