@@ -10,22 +10,12 @@ import torch
 
 from paging import (ROOT_KEY, CorruptPageError, Page, PageConflictError, PageLayout,
                     PageNotFoundError, PageStore, PageWriter, PagingError, StoreConfig)
+from testkit.faults import make_chain
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)
 NB = LAYOUT.payload_nbytes(4)        # 256 payload bytes per page
 LAYER_NB = LAYOUT.layer_nbytes(4)    # 128 bytes: K+V of one layer
-
-
-def make_chain(n: int, seed: int = 0) -> list[Page]:
-    g = torch.Generator().manual_seed(seed)
-    pages, parent = [], ROOT_KEY
-    for i in range(n):
-        ks = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]  # [Hkv, T, D]
-        vs = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]
-        pages.append(Page.seal(LAYOUT, FP, parent, 4 * i, [i] * 4, ks, vs))
-        parent = pages[-1].key
-    return pages
 
 
 def cfg(host_pages: int = 2, device_layers: int = 2, **kw) -> StoreConfig:

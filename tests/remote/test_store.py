@@ -7,27 +7,16 @@ import warnings
 
 import pytest
 import redis
-import torch
 
-from paging import (ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page, PageLayout,
+from paging import (CorruptPageError, ManifestNotFoundError, Page, PageLayout,
                     PageNotFoundError, PageStore, PagingError, RemoteTierWarning, StoreConfig)
 from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.faults import make_chain
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)
 NB = LAYOUT.payload_nbytes(4)
 FAST = "retries=1&backoff=0.01&connect_timeout=0.5&timeout=2&down=0.2"
-
-
-def make_chain(n: int, seed: int = 0) -> list[Page]:
-    g = torch.Generator().manual_seed(seed)
-    pages, parent = [], ROOT_KEY
-    for i in range(n):
-        ks = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]  # [Hkv, T, D]
-        vs = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]
-        pages.append(Page.seal(LAYOUT, FP, parent, 4 * i, [i] * 4, ks, vs))
-        parent = pages[-1].key
-    return pages
 
 
 def cfg(url: str | None, **kw) -> StoreConfig:
