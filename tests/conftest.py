@@ -38,3 +38,17 @@ def tiny_model():
         return loaded[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def lm():
+    """tiny-llama, this module's own instance (TieredModel changes its attention function), run on one thread
+    while the module's tests use it: tiny models on a shared 2-core box are 10x faster on one thread."""
+    import torch
+
+    from tieredkv.models.loading import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model("tiny-llama")
+    torch.set_num_threads(threads)
