@@ -95,6 +95,18 @@ def test_write_back_batches_and_sends_pages_before_the_manifest(redis_server, tm
     assert server_keys(redis_server, "p") == {p.key for p in pages}  # flushed on close
 
 
+def test_flush_remote_sends_the_write_back_queue_at_once(redis_server, tmp_path):
+    pages = make_chain(3)
+    with PageStore(tmp_path / "a", cfg(redis_server.url + "?batch=4", remote_mode="write-back")) as a:
+        a.put_many(pages)
+        assert server_keys(redis_server, "p") == set() and a.stats()["remote"]["pending_pages"] == 3
+        assert a.flush_remote() == 3                          # sent now, not at the next batch or on close
+        assert server_keys(redis_server, "p") == {p.key for p in pages}
+        assert a.stats()["remote"]["pending_pages"] == 0 and a.flush_remote() == 0
+    with PageStore(tmp_path / "b", cfg(None)) as b:
+        assert b.flush_remote() == 0                          # no remote: nothing to send
+
+
 def test_tampered_remote_page_is_never_served_or_kept(redis_server, tmp_path):
     pages = make_chain(2)
     with PageStore(tmp_path / "a", cfg(redis_server.url)) as a:
