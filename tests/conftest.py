@@ -52,3 +52,21 @@ def lm():
     torch.set_num_threads(1)
     yield load_model("tiny-llama")
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """`make_store(path=None, config=StoreConfig())` -> an open PageStore (default path: a new directory under
+    tmp_path). Every store it opened is closed at teardown, whatever the test did."""
+    from paging import PageStore, StoreConfig
+
+    opened = []
+
+    def make(path=None, config: StoreConfig = StoreConfig()) -> PageStore:
+        store = PageStore(tmp_path / f"store-{len(opened)}" if path is None else path, config)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in reversed(opened):
+        store.close()
