@@ -29,10 +29,10 @@ from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import load_model
 from tieredkv.provenance.domain import determinism_domain
-from tieredkv.engine.placement import ForcedPages
 from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig
 from tieredkv.question.qa import qa_config
 from tieredkv.engine.tiered_model import TieredModel
+from testkit.placement import ForcedPages
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed", "tiered-qa")
 # "tiered-qa" answers as `tieredkv qa` does (tieredkv.question.qa.qa_config: own positions inside the window,

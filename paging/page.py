@@ -244,58 +244,58 @@ class Page(PageHeader):
 
 
 def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memoryview]:
-    def bad(reason: str) -> CorruptPageError:
+    def corrupt_page(reason: str) -> CorruptPageError:
         return CorruptPageError(expected_key, reason)
 
     if len(mv) < PREFIX.size:
-        raise bad(f"truncated: {len(mv)} bytes, the fixed prefix alone is {PREFIX.size}")
+        raise corrupt_page(f"truncated: {len(mv)} bytes, the fixed prefix alone is {PREFIX.size}")
     magic, version, header_len = unpack_prefix(mv)
     if magic != MAGIC:
-        raise bad(f"bad magic {magic!r}, expected {MAGIC!r}")
+        raise corrupt_page(f"bad magic {magic!r}, expected {MAGIC!r}")
     if version != FORMAT_VERSION:
-        raise bad(f"page format version {version}; this build reads version {FORMAT_VERSION}")
+        raise corrupt_page(f"page format version {version}; this build reads version {FORMAT_VERSION}")
     if header_len > MAX_HEADER_NBYTES:
-        raise bad(f"header_len {header_len} exceeds the {MAX_HEADER_NBYTES}-byte cap")
+        raise corrupt_page(f"header_len {header_len} exceeds the {MAX_HEADER_NBYTES}-byte cap")
     if header_len > len(mv) - PREFIX.size:
-        raise bad(f"truncated: header_len {header_len} but only "
+        raise corrupt_page(f"truncated: header_len {header_len} but only "
                   f"{len(mv) - PREFIX.size} bytes follow the prefix")
     raw = bytes(mv[PREFIX.size:PREFIX.size + header_len])
     try:
         hdr = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise bad(f"header is not valid UTF-8 JSON: {exc}") from None
+        raise corrupt_page(f"header is not valid UTF-8 JSON: {exc}") from None
     if not isinstance(hdr, dict) or set(hdr) != _HEADER_FIELDS:
         got = sorted(hdr) if isinstance(hdr, dict) else type(hdr).__name__
-        raise bad(f"header must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
+        raise corrupt_page(f"header must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
     if canonical_json(hdr) != raw:
-        raise bad("header is not in canonical form")
+        raise corrupt_page("header is not in canonical form")
     for name in ("key", "parent_key", "fingerprint", "payload_sha256", "header_sha256"):
         _check_hex64(name, hdr[name])
     ids = hdr["token_ids"]
     # NOTE: json gives int, bool, float, ... exactly (never a subclass); type() is bool-safe and C-speed
     if not isinstance(ids, list) or not set(map(type, ids)) <= {int} or \
             (ids and (min(ids) < _INT32_MIN or max(ids) > _INT32_MAX)):
-        raise bad("token_ids must be a list of int32")
+        raise corrupt_page("token_ids must be a list of int32")
     if not is_int(hdr["start"]):
-        raise bad("start must be an int")
+        raise corrupt_page("start must be an int")
     header_sha = hdr.pop("header_sha256")
     if _header_digest(hdr) != header_sha:
-        raise bad("header_sha256 mismatch: the header was altered")
+        raise corrupt_page("header_sha256 mismatch: the header was altered")
     try:
         layout = PageLayout.from_dict(hdr["layout"])
     except LayoutMismatchError as exc:
-        raise bad(f"bad layout: {exc}") from None
+        raise corrupt_page(f"bad layout: {exc}") from None
     if not 1 <= len(ids) <= layout.page_size:
-        raise bad(f"{len(ids)} tokens; a page holds 1..{layout.page_size}")
+        raise corrupt_page(f"{len(ids)} tokens; a page holds 1..{layout.page_size}")
     payload = mv[PREFIX.size + header_len:]
     want = layout.payload_nbytes(len(ids))
     if len(payload) != want:
-        raise bad(f"payload is {len(payload)} bytes; layout expects {want}")
+        raise corrupt_page(f"payload is {len(payload)} bytes; layout expects {want}")
     key = page_key(hdr["fingerprint"], hdr["parent_key"], ids, hdr["start"])
     if key != hdr["key"]:
-        raise bad(f"key mismatch: header says {hdr['key']}, contents hash to {key}")
+        raise corrupt_page(f"key mismatch: header says {hdr['key']}, contents hash to {key}")
     if expected_key is not None and key != expected_key:
-        raise bad(f"stored under {expected_key} but the page is {key}")
+        raise corrupt_page(f"stored under {expected_key} but the page is {key}")
     # the payload's sha256 is checked by the caller (from_bytes, or restore.py before copying)
     return PageHeader(key, hdr["parent_key"], hdr["fingerprint"], hdr["start"], tuple(ids), layout,
                       hdr["payload_sha256"]), payload

@@ -29,18 +29,35 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from .errors import CorruptPageError, LayoutMismatchError, PageNotFoundError
 from .framing import body_len
+from .host_tier import HostTier
 from .layout import PageLayout
+from .lmdb_tier import LMDBTier
 from .page import Page, PageHeader
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import PageStore
+
+class PageSource(Protocol):
+    """What a restore reads pages from and reports back to (`PageStore` is one)."""
+
+    @property
+    def host_tier(self) -> HostTier: ...  # copies served as they are (verified when admitted)
+
+    @property
+    def lmdb_tier(self) -> LMDBTier: ...  # zero-copy views, verified here
+
+    def hash_pool(self) -> ThreadPoolExecutor: ...  # one thread per core, kept between restores
+
+    def touch_host(self, key: str) -> None: ...  # a host copy was used (LRU order)
+
+    def drop_corrupt(self, key: str, raw: bytes) -> None: ...  # quarantine failed bytes, drop copies
+
+    def get(self, key: str) -> Page: ...  # the slow path: verified; a remote heals or fills in
 
 
 @dataclass
@@ -133,7 +150,7 @@ def _run(job: _Job, plan: _Plan) -> PageHeader | CorruptPageError:
     return header
 
 
-def restore_pages(store: "PageStore", keys: Sequence[str], *, buffer: torch.Tensor | None = None,
+def restore_pages(source: PageSource, keys: Sequence[str], *, buffer: torch.Tensor | None = None,
                   workers: int | None = None) -> Restored:
     """The K/V of `keys` back to back (see module docstring). `buffer`: reusable flat uint8 memory to
     restore into (`kv_view`), else a fresh tensor. Pages read from LMDB are not admitted to the host
@@ -144,12 +161,12 @@ def restore_pages(store: "PageStore", keys: Sequence[str], *, buffer: torch.Tens
     workers = max(1, min(workers or os.cpu_count() or 1, len(keys)))
     jobs = []
     for i, key in enumerate(keys):
-        hit = store.host_tier.peek(key)
+        hit = source.host_tier.peek(key)
         if hit is not None:
-            store.touch_host(key)
+            source.touch_host(key)
         jobs.append(_Job(i, key) if hit is None else _Job(i, key, hit[0], _host_view(hit[1])))
-    with store.lmdb_tier.view_reader() as view:
-        plan, results = _restore_into(store, jobs, view, buffer, workers)
+    with source.lmdb_tier.view_reader() as view:
+        plan, results = _restore_into(source, jobs, view, buffer, workers)
         corrupt = {} if plan.dsts is None else {
             i: (bytes(jobs[i].raw), r) for i, r in enumerate(results) if isinstance(r, CorruptPageError)}
         # NOTE: drop every view of the map before the transaction ends
@@ -157,15 +174,15 @@ def restore_pages(store: "PageStore", keys: Sequence[str], *, buffer: torch.Tens
             job.raw = None
 
     if plan.dsts is None:  # a page LMDB lacks (a remote may hold it) or whose framing is broken
-        return _restore_slow(store, keys, buffer, workers, {})
+        return _restore_slow(source, keys, buffer, workers, {})
     for i, (raw, _exc) in corrupt.items():
-        store.drop_corrupt(keys[i], raw)
+        source.drop_corrupt(keys[i], raw)
     if corrupt:
-        return _restore_slow(store, keys, buffer, workers, corrupt)
+        return _restore_slow(source, keys, buffer, workers, corrupt)
     num_lmdb = sum(j.header is None for j in jobs)
     stats = RestoreStats(host_pages=len(keys) - num_lmdb, verified_pages=num_lmdb,
                          nbytes=plan.kv.numel() * plan.kv.element_size())
-    store.lmdb_tier.note_verified(stats.verified_pages)
+    source.lmdb_tier.note_verified(stats.verified_pages)
     return Restored(results, plan.kv, stats)
 
 
@@ -173,13 +190,13 @@ def _host_view(payload) -> memoryview:
     return memoryview(payload.numpy()) if isinstance(payload, torch.Tensor) else payload  # pinned
 
 
-def _restore_into(store: "PageStore", jobs: list[_Job], view, buffer, workers: int
+def _restore_into(source: PageSource, jobs: list[_Job], view, buffer, workers: int
                   ) -> tuple[_Plan, list[PageHeader | CorruptPageError]]:
     """Look up each job's LMDB value (`view`; None: every job is a host copy) and hand it to a worker at
     once, so hashing starts with the first value; make the plan meanwhile. Results in job order, or
     nothing useful when the plan could not be made (then nothing was copied)."""
     plan = _Plan()
-    with _workers(store, workers) as pool:
+    with _workers(source, workers) as pool:
         futures = []
         try:
             for job in jobs:
@@ -197,12 +214,12 @@ def _restore_into(store: "PageStore", jobs: list[_Job], view, buffer, workers: i
 
 
 @contextlib.contextmanager
-def _workers(store: "PageStore", workers: int) -> Iterator[ThreadPoolExecutor | None]:
+def _workers(source: PageSource, workers: int) -> Iterator[ThreadPoolExecutor | None]:
     """The store's own threads when that is one per core, else a pool of `workers` (None: this thread)."""
     if workers == 1:
         yield None
     elif workers == (os.cpu_count() or 1):
-        yield store.hash_pool()
+        yield source.hash_pool()
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tieredkv-restore") as pool:
             yield pool
@@ -221,22 +238,22 @@ def _check_stored(key: str, raw: memoryview | None) -> PageHeader | CorruptPageE
     return header
 
 
-def verify_stored(store: "PageStore", keys: Sequence[str], *, workers: int | None = None
+def verify_stored(source: PageSource, keys: Sequence[str], *, workers: int | None = None
                   ) -> list[PageHeader | None]:
     """Headers of `keys` as LMDB holds them (None where absent), each value SHA-256-verified in place:
     zero-copy views from one read transaction, hashed on all cores. What a reader of the disk gets,
     never the host copy. A value that fails is quarantined and CorruptPageError raised."""
     keys = list(keys)
     workers = max(1, min(workers or os.cpu_count() or 1, len(keys) or 1))
-    with store.lmdb_tier.views(keys) as raws:
-        results = _map(store, workers, _check_stored, keys, raws)
+    with source.lmdb_tier.views(keys) as raws:
+        results = _map(source, workers, _check_stored, keys, raws)
         bad = next(((k, bytes(r), res) for k, r, res in zip(keys, raws, results)
                     if isinstance(res, CorruptPageError)), None)
         del raws  # NOTE: drop every view of the map before the transaction ends
     if bad is not None:
-        store.lmdb_tier.quarantine(bad[0], bad[1])
+        source.lmdb_tier.quarantine(bad[0], bad[1])
         raise bad[2]
-    store.lmdb_tier.note_verified(len(keys) - results.count(None))
+    source.lmdb_tier.note_verified(len(keys) - results.count(None))
     return results
 
 
@@ -269,22 +286,22 @@ def _plan(jobs: list[_Job]) -> tuple[PageLayout, list[int]] | None:
     return layout, counts
 
 
-def _map(store: "PageStore", workers: int, fn, *items) -> list:
+def _map(source: PageSource, workers: int, fn, *items) -> list:
     """`list(map(fn, *items))` on `workers` threads (`_workers`)."""
-    with _workers(store, workers) as pool:
+    with _workers(source, workers) as pool:
         return list(map(fn, *items) if pool is None else pool.map(fn, *items))
 
 
-def _restore_slow(store: "PageStore", keys: list[str], buffer, workers,
+def _restore_slow(source: PageSource, keys: list[str], buffer, workers,
                   corrupt: dict[int, tuple[bytes, CorruptPageError]]) -> Restored:
     """Every page through PageStore.get (verified; a remote heals or fills in), then copied. One key at a
     time, as a graft always read them: `PageStore.prefetch` is what batches a remote's round trips."""
     try:
-        pages = [store.get(key) for key in keys]
+        pages = [source.get(key) for key in keys]
     except PageNotFoundError:
         if corrupt:  # as PageStore.get: corrupt with no verified copy elsewhere is CorruptPageError
             raise next(iter(corrupt.values()))[1] from None
         raise
     jobs = [_Job(i, key, p.header, memoryview(p.payload)) for i, (key, p) in enumerate(zip(keys, pages))]
-    plan, headers = _restore_into(store, jobs, None, buffer, workers)
+    plan, headers = _restore_into(source, jobs, None, buffer, workers)
     return Restored(headers, plan.kv, RestoreStats(fallback_pages=len(keys), nbytes=plan.kv.numel() * plan.kv.element_size()))

@@ -123,22 +123,39 @@ def rewrite_header(data: bytes, mutate, *, version: int | None = None) -> bytes:
     return PREFIX.pack(magic, file_version if version is None else version, len(raw)) + raw + data[PREFIX.size + n:]
 
 
-def synthetic_chain(num_pages: int, seed: int, *, fp: str = "ab" * 32, page_size: int = 8):
-    """A valid chain of pages from random K/V (no model): for writers that only test the store."""
+def synthetic_chain(num_pages: int, seed: int, *, fp: str = "ab" * 32, page_size: int = 8, layout=None,
+                    token_ids=None):
+    """A valid chain of pages from random K/V (no model): for writers that only test the store.
+
+    `layout` defaults to 2 layers, 2 KV heads, head_dim 8, float32, `page_size` tokens a page; every page is
+    full. Page i holds `token_ids(i)`, or (None) random ids drawn after its K/V."""
     import torch
 
     from paging import ROOT_KEY, Page, PageLayout
 
-    layout = PageLayout(2, 2, 8, "float32", page_size)
+    layout = layout or PageLayout(2, 2, 8, "float32", page_size)
+    num_layers, shape = layout.num_layers, (layout.num_kv_heads, layout.page_size, layout.head_dim)  # [Hkv, T, D]
     g = torch.Generator().manual_seed(seed)
     pages, parent = [], ROOT_KEY
     for i in range(num_pages):
-        kv = [torch.randn(2, page_size, 8, generator=g) for _ in range(4)]
-        ids = [int(t) for t in torch.randint(0, 256, (page_size,), generator=g)]
-        page = Page.seal(layout, fp, parent, i * page_size, ids, kv[:2], kv[2:])
+        kv = [torch.randn(*shape, generator=g) for _ in range(2 * num_layers)]
+        if token_ids is None:
+            ids = [int(t) for t in torch.randint(0, 256, (layout.page_size,), generator=g)]
+        else:
+            ids = token_ids(i)
+        page = Page.seal(layout, fp, parent, i * layout.page_size, ids, kv[:num_layers], kv[num_layers:])
         pages.append(page)
         parent = page.key
     return pages
+
+
+def make_chain(num_pages: int, seed: int = 0, *, fp: str = "ab" * 32, layout=None, token_ids=None):
+    """The unit tests' chain: pages of 4 tokens of a tiny layout (2 layers, `layout` defaults to 1 KV head,
+    head_dim 4, float32), page i holding token ids [i] * 4 unless `token_ids(i)` says otherwise."""
+    from paging import PageLayout
+
+    return synthetic_chain(num_pages, seed, fp=fp, layout=layout or PageLayout(2, 1, 4, "float32", 4),
+                           token_ids=token_ids or (lambda i: [i] * 4))
 
 
 # ----------------------------------------------------------------------------- corruption cases

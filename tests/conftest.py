@@ -38,3 +38,35 @@ def tiny_model():
         return loaded[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def lm():
+    """tiny-llama, this module's own instance (TieredModel changes its attention function), run on one thread
+    while the module's tests use it: tiny models on a shared 2-core box are 10x faster on one thread."""
+    import torch
+
+    from tieredkv.models.loading import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model("tiny-llama")
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """`make_store(path=None, config=StoreConfig())` -> an open PageStore (default path: a new directory under
+    tmp_path). Every store it opened is closed at teardown, whatever the test did."""
+    from paging import PageStore, StoreConfig
+
+    opened = []
+
+    def make(path=None, config: StoreConfig = StoreConfig()) -> PageStore:
+        store = PageStore(tmp_path / f"store-{len(opened)}" if path is None else path, config)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in reversed(opened):
+        store.close()

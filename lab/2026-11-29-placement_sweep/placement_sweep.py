@@ -46,7 +46,8 @@ from bench.report import environment, sha256_ids, write_report  # noqa: E402
 
 from paging import PageStore, StoreConfig  # noqa: E402
 from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.engine.placement import FixedDistance, ForcedPages  # noqa: E402
+from testkit.placement import ForcedPages  # noqa: E402
+from tieredkv.engine.placement import FixedDistance  # noqa: E402
 from tieredkv.question.reencode import reencode  # noqa: E402
 from tieredkv.engine.tiered_config import TieredConfig  # noqa: E402
 from tieredkv.engine.tiered_model import TieredModel  # noqa: E402

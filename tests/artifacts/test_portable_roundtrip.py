@@ -20,14 +20,6 @@ from tieredkv.artifacts.portable import export_artifact, import_artifact, read_h
 
 
 @pytest.fixture(scope="module")
-def lm():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # NOTE: tiny models on a shared 2-core box are 10x faster on one thread
-    yield load_model("tiny-llama")
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def exported(lm, tmp_path_factory):
     """A store with one deposit (3 full pages + a partial one) and its exported file."""
     root = tmp_path_factory.mktemp("portable")

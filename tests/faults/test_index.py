@@ -1,23 +1,11 @@
 """The faiss index is derived data: deleted, corrupted or stale, it is rebuilt from the store."""
 from __future__ import annotations
 
-import pytest
-import torch
-
 from paging import PageStore
 from testkit.faults import (INDEX_DAMAGES, PAGE_SIZE, corpus_text, index_fault_run, search_results,
                                    store_config, tiered_config)
-from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, import_artifact
 from tieredkv.engine.tiered_model import TieredModel
-
-
-@pytest.fixture(scope="module")
-def lm():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("tiny-llama")  # our own instance: TieredModel changes its attention function
-    torch.set_num_threads(threads)
 
 
 def test_damaged_index_is_rebuilt_with_the_same_results(lm, tmp_path):

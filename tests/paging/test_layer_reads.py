@@ -13,9 +13,12 @@ from paging import CorruptPageError, PageStore, StoreConfig
 from tests.paging.test_store import LAYER_NB, NB, make_chain
 
 
+# neither the host nor the device tier keeps anything: every fetch_layer goes to LMDB
+CONFIG = StoreConfig(host_budget_bytes=0, device_budget_bytes=0)
+
+
 def _store(path) -> PageStore:
-    # neither the host nor the device tier keeps anything: every fetch_layer goes to LMDB
-    return PageStore(path, StoreConfig(host_budget_bytes=0, device_budget_bytes=0))
+    return PageStore(path, CONFIG)
 
 
 def _reads(store) -> tuple[int, int, int]:
@@ -23,18 +26,18 @@ def _reads(store) -> tuple[int, int, int]:
     return i["verified_reads"], i["verified_layer_reads"], i["layer_read_mismatches"]
 
 
-def test_after_one_whole_read_a_miss_reads_one_layer(tmp_path):
+def test_after_one_whole_read_a_miss_reads_one_layer(make_store):
     pages = make_chain(2)
-    with _store(tmp_path / "s") as store:
-        store.put_many(pages)
-        assert not store.reads_layers(pages[1].key)
-        k, v = store.fetch_layer(pages[1].key, 0)
-        assert _reads(store) == (1, 0, 0) and store.reads_layers(pages[1].key)
-        for layer in (1, 0, 1):
-            k, v = store.fetch_layer(pages[1].key, layer)
-            assert torch.equal(k, pages[1].layer_kv(layer)[0]) and torch.equal(v, pages[1].layer_kv(layer)[1])
-        assert _reads(store) == (1, 3, 0)
-        assert not store.reads_layers(pages[0].key)  # only pages read whole have digests
+    store = make_store(config=CONFIG)
+    store.put_many(pages)
+    assert not store.reads_layers(pages[1].key)
+    k, v = store.fetch_layer(pages[1].key, 0)
+    assert _reads(store) == (1, 0, 0) and store.reads_layers(pages[1].key)
+    for layer in (1, 0, 1):
+        k, v = store.fetch_layer(pages[1].key, layer)
+        assert torch.equal(k, pages[1].layer_kv(layer)[0]) and torch.equal(v, pages[1].layer_kv(layer)[1])
+    assert _reads(store) == (1, 3, 0)
+    assert not store.reads_layers(pages[0].key)  # only pages read whole have digests
 
 
 def _flip(path: str, key: str, offset_from_payload: int) -> None:
@@ -82,16 +85,16 @@ def test_other_layers_bytes_are_served_only_as_verified(tmp_path):
             store.fetch_layer(pages[0].key, 1)
 
 
-def test_the_prefetcher_leaves_pages_read_by_layer(tmp_path):
+def test_the_prefetcher_leaves_pages_read_by_layer(make_store):
     from tieredkv.engine.prefetch import Prefetcher
 
     pages = make_chain(2)
-    with _store(tmp_path / "s") as store:
-        store.put_many(pages)
-        store.fetch_layer(pages[0].key, 0)
-        prefetcher = Prefetcher(store)
-        try:
-            prefetcher.submit([p.key for p in pages])
-            assert prefetcher.counts["submitted"] == 1  # pages[1] only: pages[0] costs a layer on demand
-        finally:
-            prefetcher.close()
+    store = make_store(config=CONFIG)
+    store.put_many(pages)
+    store.fetch_layer(pages[0].key, 0)
+    prefetcher = Prefetcher(store)
+    try:
+        prefetcher.submit([p.key for p in pages])
+        assert prefetcher.counts["submitted"] == 1  # pages[1] only: pages[0] costs a layer on demand
+    finally:
+        prefetcher.close()

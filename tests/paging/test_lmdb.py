@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import signal
@@ -16,6 +17,7 @@ import torch
 
 from paging import (ROOT_KEY, CorruptPageError, LMDBTier, ManifestNotFoundError, Page,
                     PageConflictError, PageLayout, PagingError, StoreFullError)
+from testkit.faults import make_chain as unit_chain
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 2, 4, "float32", 4)
@@ -23,16 +25,7 @@ NB = LAYOUT.payload_nbytes(4)  # 512 payload bytes per full page
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def make_chain(n: int, *, seed: int = 0, fp: str = FP) -> list[Page]:
-    g = torch.Generator().manual_seed(seed)
-    pages, parent = [], ROOT_KEY
-    for i in range(n):
-        ks = [torch.randn(2, 4, 4, generator=g) for _ in range(2)]  # [Hkv, T, D]
-        vs = [torch.randn(2, 4, 4, generator=g) for _ in range(2)]
-        page = Page.seal(LAYOUT, fp, parent, 4 * i, [i, i + 1, i + 2, i + 3], ks, vs)
-        pages.append(page)
-        parent = page.key
-    return pages
+make_chain = functools.partial(unit_chain, layout=LAYOUT, token_ids=lambda i: [i, i + 1, i + 2, i + 3])
 
 
 def raw_env(path) -> lmdb.Environment:

@@ -18,41 +18,45 @@ def _expected(pages) -> torch.Tensor:
                         for layer in range(LAYOUT.num_layers)])
 
 
+def _config(host_pages: int = 0) -> StoreConfig:
+    return StoreConfig(host_budget_bytes=host_pages * NB)
+
+
 def _store(path, host_pages: int = 0) -> PageStore:
-    return PageStore(path, StoreConfig(host_budget_bytes=host_pages * NB))
+    return PageStore(path, _config(host_pages))
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_restore_from_lmdb_is_byte_equal_and_verified(tmp_path, workers):
+def test_restore_from_lmdb_is_byte_equal_and_verified(make_store, workers):
     pages = make_chain(7)
-    with _store(tmp_path / "s") as store:
-        store.put_many(pages)
-        got = store.restore([p.key for p in pages], workers=workers)
-        assert torch.equal(got.kv, _expected(pages))
-        assert [h.key for h in got.headers] == [p.key for p in pages] and got.headers[3] == pages[3].header
-        assert (got.stats.verified_pages, got.stats.host_pages) == (7, 0)
-        assert store.stats()["integrity"]["verified_reads"] == 7
-        assert store.host_tier.num_pages == 0  # the caller holds the K/V: no host copy is made
+    store = make_store(config=_config())
+    store.put_many(pages)
+    got = store.restore([p.key for p in pages], workers=workers)
+    assert torch.equal(got.kv, _expected(pages))
+    assert [h.key for h in got.headers] == [p.key for p in pages] and got.headers[3] == pages[3].header
+    assert (got.stats.verified_pages, got.stats.host_pages) == (7, 0)
+    assert store.stats()["integrity"]["verified_reads"] == 7
+    assert store.host_tier.num_pages == 0  # the caller holds the K/V: no host copy is made
 
 
-def test_restore_takes_host_copies_as_they_are(tmp_path):
+def test_restore_takes_host_copies_as_they_are(make_store):
     pages = make_chain(5)
-    with _store(tmp_path / "s", host_pages=2) as store:
-        store.put_many(pages)  # the last two stay in the host tier
-        got = store.restore([p.key for p in pages])
-        assert torch.equal(got.kv, _expected(pages))
-        assert (got.stats.host_pages, got.stats.verified_pages) == (2, 3)
+    store = make_store(config=_config(host_pages=2))
+    store.put_many(pages)  # the last two stay in the host tier
+    got = store.restore([p.key for p in pages])
+    assert torch.equal(got.kv, _expected(pages))
+    assert (got.stats.host_pages, got.stats.verified_pages) == (2, 3)
 
 
-def test_restore_into_a_reused_buffer(tmp_path):
+def test_restore_into_a_reused_buffer(make_store):
     pages = make_chain(4)
     buffer = torch.full((restore_nbytes(16, LAYOUT) + 5,), 7, dtype=torch.uint8)
-    with _store(tmp_path / "s") as store:
-        store.put_many(pages)
-        for n in (4, 2):
-            got = store.restore([p.key for p in pages[:n]], buffer=buffer)
-            assert got.kv.data_ptr() == buffer.data_ptr()
-            assert torch.equal(got.kv, _expected(pages[:n]))
+    store = make_store(config=_config())
+    store.put_many(pages)
+    for n in (4, 2):
+        got = store.restore([p.key for p in pages[:n]], buffer=buffer)
+        assert got.kv.data_ptr() == buffer.data_ptr()
+        assert torch.equal(got.kv, _expected(pages[:n]))
     with pytest.raises(Exception, match="flat uint8"):
         kv_view(buffer[:10], LAYOUT, 16)
 
@@ -106,11 +110,11 @@ def _flip_in_child(path: str, key: str) -> None:
     env.close()
 
 
-def test_missing_page_is_a_typed_error(tmp_path):
+def test_missing_page_is_a_typed_error(make_store):
     pages = make_chain(3)
-    with _store(tmp_path / "s") as store:
-        store.put_many(pages[:2])
-        with pytest.raises(PageNotFoundError):
-            store.restore([p.key for p in pages])
-        with pytest.raises(ValueError):
-            store.restore([])
+    store = make_store(config=_config())
+    store.put_many(pages[:2])
+    with pytest.raises(PageNotFoundError):
+        store.restore([p.key for p in pages])
+    with pytest.raises(ValueError):
+        store.restore([])

@@ -10,22 +10,12 @@ import torch
 
 from paging import (ROOT_KEY, CorruptPageError, Page, PageConflictError, PageLayout,
                     PageNotFoundError, PageStore, PageWriter, PagingError, StoreConfig)
+from testkit.faults import make_chain
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)
 NB = LAYOUT.payload_nbytes(4)        # 256 payload bytes per page
 LAYER_NB = LAYOUT.layer_nbytes(4)    # 128 bytes: K+V of one layer
-
-
-def make_chain(n: int, seed: int = 0) -> list[Page]:
-    g = torch.Generator().manual_seed(seed)
-    pages, parent = [], ROOT_KEY
-    for i in range(n):
-        ks = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]  # [Hkv, T, D]
-        vs = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]
-        pages.append(Page.seal(LAYOUT, FP, parent, 4 * i, [i] * 4, ks, vs))
-        parent = pages[-1].key
-    return pages
 
 
 def cfg(host_pages: int = 2, device_layers: int = 2, **kw) -> StoreConfig:
@@ -45,99 +35,99 @@ def test_config_validation():
         StoreConfig().device = "cuda"  # frozen
 
 
-def test_write_through_host_lru_and_promotion(tmp_path):
+def test_write_through_host_lru_and_promotion(make_store):
     p = make_chain(3)
-    with PageStore(tmp_path / "s", cfg(host_pages=2)) as store:
-        store.put(p[0])
-        store.put_many(p[1:])
-        # LMDB has all three; host holds the two most recent (p0 evicted)
-        assert sorted(store.host_tier.keys()) == sorted([p[1].key, p[2].key])
-        assert store.lmdb_tier.num_pages == 3
-        assert store.get(p[1].key) == p[1]             # host hit, now most recent
-        assert store.stats()["integrity"]["verified_reads"] == 0
-        assert store.get(p[0].key) == p[0]             # LMDB read, promoted
-        assert store.stats()["integrity"]["verified_reads"] == 1
-        assert sorted(store.host_tier.keys()) == sorted([p[0].key, p[1].key])  # p2 LRU
-        assert all(store.contains(x.key) for x in p) and p[2].key in store
-        with pytest.raises(PageNotFoundError) as info:
-            store.get("11" * 32)
-        assert isinstance(info.value, KeyError) and "recompute" in str(info.value)
+    store = make_store(config=cfg(host_pages=2))
+    store.put(p[0])
+    store.put_many(p[1:])
+    # LMDB has all three; host holds the two most recent (p0 evicted)
+    assert sorted(store.host_tier.keys()) == sorted([p[1].key, p[2].key])
+    assert store.lmdb_tier.num_pages == 3
+    assert store.get(p[1].key) == p[1]             # host hit, now most recent
+    assert store.stats()["integrity"]["verified_reads"] == 0
+    assert store.get(p[0].key) == p[0]             # LMDB read, promoted
+    assert store.stats()["integrity"]["verified_reads"] == 1
+    assert sorted(store.host_tier.keys()) == sorted([p[0].key, p[1].key])  # p2 LRU
+    assert all(store.contains(x.key) for x in p) and p[2].key in store
+    with pytest.raises(PageNotFoundError) as info:
+        store.get("11" * 32)
+    assert isinstance(info.value, KeyError) and "recompute" in str(info.value)
 
 
-def test_a_writer_that_does_not_admit_leaves_the_host_tier_alone(tmp_path):
+def test_a_writer_that_does_not_admit_leaves_the_host_tier_alone(make_store):
     p = make_chain(4)
-    with PageStore(tmp_path / "s", cfg(host_pages=4)) as store:
-        store.put(p[0])
-        with PageWriter(store, max_pages=2, admit=False) as w:
-            for page in p[1:]:
-                w.add(page)
-        assert store.lmdb_tier.num_pages == 4
-        assert list(store.host_tier.keys()) == [p[0].key]  # the earlier host copy stays; none added
-        assert store.get(p[3].key) == p[3]  # read from LMDB, verified, then cached as any read
-        assert store.stats()["integrity"]["verified_reads"] == 1
-        assert sorted(store.host_tier.keys()) == sorted([p[0].key, p[3].key])
-    with PageStore(tmp_path / "t", cfg(host_pages=4)) as store:
-        with PageWriter(store) as w:  # the default admits
-            for page in p:
-                w.add(page)
-        assert sorted(store.host_tier.keys()) == sorted(x.key for x in p)
+    store = make_store(config=cfg(host_pages=4))
+    store.put(p[0])
+    with PageWriter(store, max_pages=2, admit=False) as w:
+        for page in p[1:]:
+            w.add(page)
+    assert store.lmdb_tier.num_pages == 4
+    assert list(store.host_tier.keys()) == [p[0].key]  # the earlier host copy stays; none added
+    assert store.get(p[3].key) == p[3]  # read from LMDB, verified, then cached as any read
+    assert store.stats()["integrity"]["verified_reads"] == 1
+    assert sorted(store.host_tier.keys()) == sorted([p[0].key, p[3].key])
+    store = make_store(config=cfg(host_pages=4))
+    with PageWriter(store) as w:  # the default admits
+        for page in p:
+            w.add(page)
+    assert sorted(store.host_tier.keys()) == sorted(x.key for x in p)
 
 
-def test_put_idempotent_and_conflict(tmp_path):
+def test_put_idempotent_and_conflict(make_store):
     a = make_chain(1)[0]
     b = Page.seal(LAYOUT, FP, ROOT_KEY, 0, [0] * 4, [torch.zeros(1, 4, 4)] * 2,
                   [torch.zeros(1, 4, 4)] * 2)
-    with PageStore(tmp_path / "s", cfg()) as store:
-        store.put(a)
-        store.put(a)
-        with pytest.raises(PageConflictError):
-            store.put(b)
-        assert store.get(a.key) == a and store.stats()["lmdb"]["pages"] == 1
+    store = make_store(config=cfg())
+    store.put(a)
+    store.put(a)
+    with pytest.raises(PageConflictError):
+        store.put(b)
+    assert store.get(a.key) == a and store.stats()["lmdb"]["pages"] == 1
 
 
-def test_fetch_layer_respects_budget_and_pins(tmp_path):
+def test_fetch_layer_respects_budget_and_pins(make_store):
     p = make_chain(3)
-    with PageStore(tmp_path / "s", cfg(host_pages=3, device_layers=2)) as store:
-        store.put_many(p)
-        dev = store.device_tier
-        k, v = store.fetch_layer(p[0].key, 0)
-        assert torch.equal(k, p[0].layer_kv(0)[0]) and torch.equal(v, p[0].layer_kv(0)[1])
-        assert tuple(k.shape) == (1, 4, 4) and k.device.type == "cpu"
-        store.fetch_layer(p[0].key, 1)
-        assert dev.nbytes == 2 * LAYER_NB
-        hit = store.fetch_layer(p[0].key, 0)           # hit: (p0,0) most recent
-        assert hit[0] is dev.get((p[0].key, 0))[0]
-        store.fetch_layer(p[1].key, 0)                 # evicts LRU (p0,1)
-        assert sorted(dev.keys()) == sorted([(p[0].key, 0), (p[1].key, 0)])
-        # (p0,0) is LRU now but pinned: (p1,0) goes instead
-        store.fetch_layer(p[2].key, 0, pin={(p[0].key, 0)})
-        assert sorted(dev.keys()) == sorted([(p[0].key, 0), (p[2].key, 0)])
-        # everything pinned: returned uncached, nothing evicted, budget kept
-        everything = set(dev.keys())
-        k, v = store.fetch_layer(p[1].key, 1, pin=everything)
-        assert torch.equal(k, p[1].layer_kv(1)[0])
-        assert set(dev.keys()) == everything and dev.nbytes <= dev.budget_bytes
-    with PageStore(tmp_path / "t", cfg(device_layers=0)) as store:  # zero budget
-        store.put(p[0])
-        assert torch.equal(store.fetch_layer(p[0].key, 1)[1], p[0].layer_kv(1)[1])
-        assert store.device_tier.nbytes == 0
+    store = make_store(config=cfg(host_pages=3, device_layers=2))
+    store.put_many(p)
+    dev = store.device_tier
+    k, v = store.fetch_layer(p[0].key, 0)
+    assert torch.equal(k, p[0].layer_kv(0)[0]) and torch.equal(v, p[0].layer_kv(0)[1])
+    assert tuple(k.shape) == (1, 4, 4) and k.device.type == "cpu"
+    store.fetch_layer(p[0].key, 1)
+    assert dev.nbytes == 2 * LAYER_NB
+    hit = store.fetch_layer(p[0].key, 0)           # hit: (p0,0) most recent
+    assert hit[0] is dev.get((p[0].key, 0))[0]
+    store.fetch_layer(p[1].key, 0)                 # evicts LRU (p0,1)
+    assert sorted(dev.keys()) == sorted([(p[0].key, 0), (p[1].key, 0)])
+    # (p0,0) is LRU now but pinned: (p1,0) goes instead
+    store.fetch_layer(p[2].key, 0, pin={(p[0].key, 0)})
+    assert sorted(dev.keys()) == sorted([(p[0].key, 0), (p[2].key, 0)])
+    # everything pinned: returned uncached, nothing evicted, budget kept
+    everything = set(dev.keys())
+    k, v = store.fetch_layer(p[1].key, 1, pin=everything)
+    assert torch.equal(k, p[1].layer_kv(1)[0])
+    assert set(dev.keys()) == everything and dev.nbytes <= dev.budget_bytes
+    store = make_store(config=cfg(device_layers=0))  # zero budget
+    store.put(p[0])
+    assert torch.equal(store.fetch_layer(p[0].key, 1)[1], p[0].layer_kv(1)[1])
+    assert store.device_tier.nbytes == 0
 
 
-def test_stats_exact(tmp_path):
+def test_stats_exact(make_store):
     p = make_chain(3)
-    with PageStore(tmp_path / "s", cfg(host_pages=2, device_layers=3)) as store:
-        store.put_many(p)
-        store.fetch_layer(p[0].key, 0)
-        store.fetch_layer(p[0].key, 1)
-        s = store.stats()
-        assert s["device"] == {"entries": 2, "bytes": 2 * LAYER_NB,
-                               "budget_bytes": 3 * LAYER_NB}
-        assert s["host"] == {"pages": 2, "bytes": 2 * NB, "budget_bytes": 2 * NB}
-        assert {k: s["lmdb"][k] for k in ("pages", "bytes", "quarantined")} == {
-            "pages": 3, "bytes": 3 * NB, "quarantined": 0}
-        assert s["lmdb"]["map_size"] == 1 << 30 and s["lmdb"]["disk_bytes"] > 0
-        assert s["integrity"] == {"verified_reads": 1, "verified_layer_reads": 0, "layer_read_mismatches": 0,
-                                  "corrupt_detected": 0, "quarantined": 0}  # p0 came from LMDB once
+    store = make_store(config=cfg(host_pages=2, device_layers=3))
+    store.put_many(p)
+    store.fetch_layer(p[0].key, 0)
+    store.fetch_layer(p[0].key, 1)
+    s = store.stats()
+    assert s["device"] == {"entries": 2, "bytes": 2 * LAYER_NB,
+                           "budget_bytes": 3 * LAYER_NB}
+    assert s["host"] == {"pages": 2, "bytes": 2 * NB, "budget_bytes": 2 * NB}
+    assert {k: s["lmdb"][k] for k in ("pages", "bytes", "quarantined")} == {
+        "pages": 3, "bytes": 3 * NB, "quarantined": 0}
+    assert s["lmdb"]["map_size"] == 1 << 30 and s["lmdb"]["disk_bytes"] > 0
+    assert s["integrity"] == {"verified_reads": 1, "verified_layer_reads": 0, "layer_read_mismatches": 0,
+                              "corrupt_detected": 0, "quarantined": 0}  # p0 came from LMDB once
 
 
 @pytest.mark.parametrize("readahead", [True, False])
@@ -158,7 +148,7 @@ def test_reopen_finds_every_page(tmp_path, readahead):
             PageStore(tmp_path / "s", cfg())
 
 
-def test_corrupt_page_raises_is_quarantined_then_missing(tmp_path):
+def test_corrupt_page_raises_is_quarantined_then_missing(tmp_path, make_store):
     p = make_chain(2)
     with PageStore(tmp_path / "s", cfg()) as store:
         store.put_many(p)
@@ -168,28 +158,28 @@ def test_corrupt_page_raises_is_quarantined_then_missing(tmp_path):
         raw[-3] ^= 0x04
         txn.put(p[0].key.encode(), bytes(raw))
     env.close()
-    with PageStore(tmp_path / "s", cfg()) as store:
-        with pytest.raises(CorruptPageError):
-            store.fetch_layer(p[0].key, 0)
-        with pytest.raises(PageNotFoundError):
-            store.get(p[0].key)
-        assert not store.contains(p[0].key) and store.device_tier.nbytes == 0
-        s = store.stats()
-        assert s["integrity"] == {"verified_reads": 0, "verified_layer_reads": 0, "layer_read_mismatches": 0,
-                                  "corrupt_detected": 1, "quarantined": 1}
-        assert s["lmdb"]["pages"] == 1 and s["lmdb"]["quarantined"] == 1
-        store.put(p[0])  # recompute and store again
-        assert store.get(p[0].key) == p[0]
-
-
-def test_remove_drops_every_copy(tmp_path):
-    p = make_chain(2)
-    with PageStore(tmp_path / "s", cfg()) as store:
-        store.put_many(p)
+    store = make_store(tmp_path / "s", cfg())
+    with pytest.raises(CorruptPageError):
         store.fetch_layer(p[0].key, 0)
-        assert store.remove(p[0].key) and not store.remove(p[0].key)
-        assert not store.contains(p[0].key) and store.device_tier.num_entries == 0
-        assert store.stats()["lmdb"]["pages"] == 1
+    with pytest.raises(PageNotFoundError):
+        store.get(p[0].key)
+    assert not store.contains(p[0].key) and store.device_tier.nbytes == 0
+    s = store.stats()
+    assert s["integrity"] == {"verified_reads": 0, "verified_layer_reads": 0, "layer_read_mismatches": 0,
+                              "corrupt_detected": 1, "quarantined": 1}
+    assert s["lmdb"]["pages"] == 1 and s["lmdb"]["quarantined"] == 1
+    store.put(p[0])  # recompute and store again
+    assert store.get(p[0].key) == p[0]
+
+
+def test_remove_drops_every_copy(make_store):
+    p = make_chain(2)
+    store = make_store(config=cfg())
+    store.put_many(p)
+    store.fetch_layer(p[0].key, 0)
+    assert store.remove(p[0].key) and not store.remove(p[0].key)
+    assert not store.contains(p[0].key) and store.device_tier.num_entries == 0
+    assert store.stats()["lmdb"]["pages"] == 1
 
 
 def test_pinned_host_path_logic(tmp_path, monkeypatch):

@@ -86,13 +86,6 @@ def test_two_hosts_deposit_and_graft_through_the_server(redis_server, tmp_path):
 
 
 # -- the server restarts / dies while host 2 grafts (in this process) -----------------
-@pytest.fixture(scope="module")
-def lm():
-    from tieredkv.models.loading import load_model
-
-    return load_model(MODEL)
-
-
 def _continuation_sha(lm, cache, start: int, cont: list[int]) -> str:
     logits = []
     prefill(lm, cont, cache, start=start, page_size=lm.default_page_size, logits_to_keep=0,

@@ -7,27 +7,16 @@ import warnings
 
 import pytest
 import redis
-import torch
 
-from paging import (ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page, PageLayout,
+from paging import (CorruptPageError, ManifestNotFoundError, Page, PageLayout,
                     PageNotFoundError, PageStore, PagingError, RemoteTierWarning, StoreConfig)
 from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.faults import make_chain
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)
 NB = LAYOUT.payload_nbytes(4)
 FAST = "retries=1&backoff=0.01&connect_timeout=0.5&timeout=2&down=0.2"
-
-
-def make_chain(n: int, seed: int = 0) -> list[Page]:
-    g = torch.Generator().manual_seed(seed)
-    pages, parent = [], ROOT_KEY
-    for i in range(n):
-        ks = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]  # [Hkv, T, D]
-        vs = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]
-        pages.append(Page.seal(LAYOUT, FP, parent, 4 * i, [i] * 4, ks, vs))
-        parent = pages[-1].key
-    return pages
 
 
 def cfg(url: str | None, **kw) -> StoreConfig:
@@ -104,6 +93,18 @@ def test_write_back_batches_and_sends_pages_before_the_manifest(redis_server, tm
         assert server_keys(redis_server, "m") == {"art"}
         a.put(pages[6])
     assert server_keys(redis_server, "p") == {p.key for p in pages}  # flushed on close
+
+
+def test_flush_remote_sends_the_write_back_queue_at_once(redis_server, tmp_path):
+    pages = make_chain(3)
+    with PageStore(tmp_path / "a", cfg(redis_server.url + "?batch=4", remote_mode="write-back")) as a:
+        a.put_many(pages)
+        assert server_keys(redis_server, "p") == set() and a.stats()["remote"]["pending_pages"] == 3
+        assert a.flush_remote() == 3                          # sent now, not at the next batch or on close
+        assert server_keys(redis_server, "p") == {p.key for p in pages}
+        assert a.stats()["remote"]["pending_pages"] == 0 and a.flush_remote() == 0
+    with PageStore(tmp_path / "b", cfg(None)) as b:
+        assert b.flush_remote() == 0                          # no remote: nothing to send
 
 
 def test_tampered_remote_page_is_never_served_or_kept(redis_server, tmp_path):

@@ -14,20 +14,10 @@ from paging import (FORMAT_VERSION, ROOT_KEY, CorruptPageError, ManifestNotFound
                     PageConflictError, PageLayout, PageStore, PagingError, RemoteConfig, RemoteError,
                     RemoteTier, RemoteTierWarning, RemoteUnavailableError, StoreConfig)
 from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.faults import make_chain
 
 FP, FP2 = "ab" * 32, "cd" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)  # 256 payload bytes per page
-
-
-def make_chain(n: int, *, fp: str = FP, seed: int = 0) -> list[Page]:
-    g = torch.Generator().manual_seed(seed)
-    pages, parent = [], ROOT_KEY
-    for i in range(n):
-        ks = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]  # [Hkv, T, D]
-        vs = [torch.randn(1, 4, 4, generator=g) for _ in range(2)]
-        pages.append(Page.seal(LAYOUT, fp, parent, 4 * i, [i] * 4, ks, vs))
-        parent = pages[-1].key
-    return pages
 
 
 def raw_client(server) -> redis.Redis:

@@ -11,9 +11,7 @@ killed half-way leaves verified pages and no visible artifact.
 from __future__ import annotations
 
 import collections
-import json
 import re
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,53 +24,15 @@ from paging.errors import (REBUILD_HINT, CorruptPageError, LayoutMismatchError, 
                            StoreCorruptedError)
 from tieredkv.engine import attention
 from tieredkv.artifacts.capture import CaptureCache
-from tieredkv.provenance.domain import check_domain, determinism_domain, domain_id, sha256_ids
+from tieredkv.artifacts.manifest import iter_pages, parse_manifest, read_back
+from tieredkv.artifacts.record import Artifact, artifact_id
+from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
 from tieredkv.models.loading import LoadedModel, forward_for
 from tieredkv.engine.schedule import canonical_chunks
 
-MANIFEST_FORMAT = 1
 STORE_FINGERPRINT_META = "model_fingerprint"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A deposited context: a hash chain of pages plus what is needed to check a graft of it."""
-
-    artifact_id: str
-    fingerprint: str
-    domain: dict[str, Any]
-    num_tokens: int
-    page_size: int
-    page_keys: tuple[str, ...]
-    token_ids_sha256: str
-    layout: dict[str, Any]
-    name: str = ""
-
-    @property
-    def root_sha256(self) -> str:
-        """The last page key: it commits to the model, every token id and every position before it."""
-        return self.page_keys[-1]
-
-    def to_json(self) -> bytes:
-        d = {"format": MANIFEST_FORMAT, "artifact": self.artifact_id, "model_fingerprint": self.fingerprint,
-             "domain": self.domain, "domain_id": domain_id(self.domain), "tokens": self.num_tokens,
-             "page_size": self.page_size, "pages": list(self.page_keys), "root_sha256": self.root_sha256,
-             "token_ids_sha256": self.token_ids_sha256, "layout": self.layout, "name": self.name}
-        return json.dumps(d, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> "Artifact":
-        d = json.loads(data)
-        return cls(d["artifact"], d["model_fingerprint"], d["domain"], int(d["tokens"]), int(d["page_size"]),
-                   tuple(d["pages"]), d["token_ids_sha256"], d["layout"], d.get("name", ""))
-
-    def summary(self) -> dict[str, Any]:
-        return {"artifact": self.artifact_id, "tokens": self.num_tokens, "pages": len(self.page_keys),
-                "page_size": self.page_size, "root_sha256": self.root_sha256,
-                "token_ids_sha256": self.token_ids_sha256, "model_fingerprint": self.fingerprint,
-                "domain_id": domain_id(self.domain)}
 
 
 def store_fingerprint(store) -> str | None:
@@ -130,25 +90,6 @@ def deposit_forward(lm: LoadedModel, ids: Sequence[int], cache: CaptureCache, *,
     bench/restore_ceiling.py times it alone, nothing sealed or written, to split a deposit's time."""
     with attention.grouped_prefill(lm.model):
         prefill(lm, ids, cache, start=start, page_size=page_size, on_chunk=on_chunk, logits_to_keep=None)
-
-
-def artifact_id(chain_fingerprint: str, root: str, domain: dict[str, Any]) -> str:
-    """An artifact's id commits to the fingerprint its page keys hash, its domain and its root page."""
-    import hashlib
-
-    return hashlib.sha256(f"{chain_fingerprint}:{domain_id(domain)}:{root}".encode()).hexdigest()[:20]
-
-
-def chain_fingerprint(art: Artifact) -> str:
-    """What `art`'s page keys hash: the model fingerprint for deposits (full attention), a regime
-    fingerprint (model + retrieval config, recorded in the domain) for TieredModel contexts."""
-    regime = art.domain.get("regime")
-    if regime is None:
-        return art.fingerprint
-    from tieredkv.engine.tiered_config import TieredConfig
-
-    # a regime without score_frame scored pages at their own positions (see TieredConfig.regime)
-    return TieredConfig(**{"score_frame": "own", **regime}).regime_fingerprint(art.fingerprint, art.page_size)
 
 
 class Behind:
@@ -248,8 +189,6 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     art = Artifact(artifact_id(fp, root, domain), fp, domain, len(ids), page_size, tuple(keys),
                    sha256_ids(ids), layout.to_dict(), name)
     store.put_manifest(art.artifact_id, art.to_json())
-    from tieredkv.artifacts.manifest import read_back
-
     read_back(store, art)  # NOTE: success is reported only for what LMDB gives back, verified
     return art
 
@@ -270,8 +209,6 @@ def _same_page_size(layout: PageLayout, page_size: int, store: PageStore) -> Non
 
 def load_artifact(store: PageStore, artifact_id: str) -> Artifact:
     """Find an artifact by id (or unique id prefix) in `store`; its manifest is verified (manifest.py)."""
-    from tieredkv.artifacts.manifest import parse_manifest
-
     try:
         return parse_manifest(store.get_manifest(artifact_id), stored_as=artifact_id, where=store.path)
     except ManifestNotFoundError:
@@ -291,8 +228,6 @@ def load_pages(store: PageStore, art: Artifact) -> list[Page]:
 
     A manifest the store's remote served is kept locally once every page it names is (never before).
     """
-    from tieredkv.artifacts.manifest import iter_pages
-
     store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
     pages = list(iter_pages(store, art))
     store.keep_remote_manifest(art.artifact_id)

@@ -41,9 +41,8 @@ import numpy as np
 from paging import PageLayout
 from paging.framing import PREFIX, canonical_json, is_int, pack_prefix, strict_json, unpack_prefix
 from paging.page import MAX_HEADER_NBYTES as PAGE_MAX_HEADER_NBYTES
-from paging.errors import LayoutMismatchError
-from tieredkv.artifacts.artifact import MANIFEST_FORMAT, Artifact
-from tieredkv.provenance.domain import domain_id
+from tieredkv.artifacts.record import (Artifact, ArtifactFormatError, ArtifactIntegrityError, ArtifactVersionError,
+                                       is_hex64, parse_record)
 from tieredkv.errors import TieredKVError
 from tieredkv.engine.schedule import canonical_chunks
 
@@ -52,29 +51,15 @@ FILE_VERSION = 1
 FORMAT_NAME = "tieredkv.artifacts.artifact"
 MAX_HEADER_NBYTES = 64 << 20  # ~250 bytes per page: room for ~250k pages
 MAX_PAGE_NBYTES = 1 << 30
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: no per-character alternation
-_ARTIFACT_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
 _HEADER_FIELDS = frozenset({"format", "format_version", "manifest", "token_ids", "pages", "data_nbytes",
                             "header_sha256"})
 _TOKEN_FIELDS = frozenset({"dtype", "shape", "data_offsets", "sha256"})
 _PAGE_FIELDS = frozenset({"key", "data_offsets", "sha256"})
 
 
-class ArtifactFormatError(TieredKVError):
-    """The file is not a valid artifact (malformed, truncated or altered); nothing was imported."""
-
-
 class ArtifactTruncatedError(ArtifactFormatError):
     """The file is shorter (or longer) than its header says: a torn copy or download."""
-
-
-class ArtifactVersionError(ArtifactFormatError):
-    """The file, manifest or page format version is not one this build reads."""
-
-
-class ArtifactIntegrityError(ArtifactFormatError):
-    """A section's bytes do not match the hashes that commit to them, or contradict the manifest."""
 
 
 class ArtifactWriteError(TieredKVError):
@@ -185,16 +170,9 @@ def read_header(src: str | os.PathLike | BinaryIO) -> ArtifactHeader:
     return header
 
 
-
-
-
-def _is_hex64(v: Any) -> bool:
-    return isinstance(v, str) and _HEX64.fullmatch(v) is not None
-
-
 def parse_header(raw: bytes, *, version: int = FILE_VERSION, data_offset: int = 0) -> ArtifactHeader:
     """Check the header JSON `raw` field by field; see the module docstring for the schema."""
-    def bad(reason: str, cls: type[ArtifactFormatError] = ArtifactFormatError) -> ArtifactFormatError:
+    def header_error(reason: str, cls: type[ArtifactFormatError] = ArtifactFormatError) -> ArtifactFormatError:
         return cls(f"bad artifact header: {reason}")
 
     # NOTE: JSON of N bytes can cost ~20N bytes parsed ("{}," is a 64-byte dict per 3 bytes) and
@@ -202,76 +180,37 @@ def parse_header(raw: bytes, *, version: int = FILE_VERSION, data_offset: int = 
     # in it. Count containers and items outside strings first, in C, and refuse bombs unparsed.
     skeleton = _JSON_STRING.sub(b'""', raw)
     if skeleton.count(b"{") + skeleton.count(b"[") > 64 + len(raw) // 64 or skeleton.count(b",") > 64 + len(raw) // 16:
-        raise bad("too many JSON containers or items for its size (not a header this build writes)")
+        raise header_error("too many JSON containers or items for its size (not a header this build writes)")
     del skeleton
     try:
         hdr = strict_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise bad(f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise header_error(f"not valid UTF-8 JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(hdr, dict) or set(hdr) != _HEADER_FIELDS:
         got = sorted(hdr)[:20] if isinstance(hdr, dict) else type(hdr).__name__
-        raise bad(f"must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
+        raise header_error(f"must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
     try:
         canonical = canonical_json(hdr) == raw
     except (ValueError, RecursionError):
         canonical = False
     if not canonical:
-        raise bad("not in canonical form (sorted keys, compact, ASCII)")
+        raise header_error("not in canonical form (sorted keys, compact, ASCII)")
     digest = hdr.pop("header_sha256")
-    if not _is_hex64(digest) or hashlib.sha256(canonical_json(hdr)).hexdigest() != digest:
-        raise bad("header_sha256 mismatch: the header was altered", ArtifactIntegrityError)
+    if not is_hex64(digest) or hashlib.sha256(canonical_json(hdr)).hexdigest() != digest:
+        raise header_error("header_sha256 mismatch: the header was altered", ArtifactIntegrityError)
     if hdr["format"] != FORMAT_NAME:
-        raise bad(f"format {hdr['format']!r}, expected {FORMAT_NAME!r}")
+        raise header_error(f"format {hdr['format']!r}, expected {FORMAT_NAME!r}")
     if hdr["format_version"] != version:
-        raise bad(f"format_version {hdr['format_version']!r} disagrees with the prefix version {version}",
+        raise header_error(f"format_version {hdr['format_version']!r} disagrees with the prefix version {version}",
                   ArtifactVersionError)
-    art, manifest = _parse_manifest(hdr["manifest"], bad)
-    tokens = _parse_token_section(hdr["token_ids"], art.num_tokens, bad)
-    pages = _parse_page_sections(hdr["pages"], art, bad)
+    art, manifest = parse_record(hdr["manifest"], header_error)
+    tokens = _parse_token_section(hdr["token_ids"], art.num_tokens, header_error)
+    pages = _parse_page_sections(hdr["pages"], art, header_error)
     data_nbytes = hdr["data_nbytes"]
     if not is_int(data_nbytes) or data_nbytes < 0:
-        raise bad(f"data_nbytes must be a non-negative int, got {data_nbytes!r}")
-    _check_layout_of_sections([tokens, *pages], data_nbytes, bad)
+        raise header_error(f"data_nbytes must be a non-negative int, got {data_nbytes!r}")
+    _check_layout_of_sections([tokens, *pages], data_nbytes, header_error)
     return ArtifactHeader(version, art, manifest, tokens, tuple(pages), data_offset, data_nbytes, digest)
-
-
-def _parse_manifest(m: Any, bad) -> tuple[Artifact, bytes]:
-    if not isinstance(m, dict):
-        raise bad("manifest must be an object")
-    if m.get("format") != MANIFEST_FORMAT:
-        raise bad(f"manifest format {m.get('format')!r}; this build reads {MANIFEST_FORMAT}", ArtifactVersionError)
-    try:
-        art = Artifact.from_json(canonical_json(m))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise bad(f"manifest is incomplete ({type(exc).__name__}: {exc})") from None
-    if not (isinstance(art.artifact_id, str) and _ARTIFACT_ID.fullmatch(art.artifact_id)):
-        raise bad(f"artifact id {str(art.artifact_id)[:80]!r} is not 1-200 characters of [0-9A-Za-z_.-]")
-    if not _is_hex64(art.fingerprint) or not _is_hex64(art.token_ids_sha256):
-        raise bad("model_fingerprint and token_ids_sha256 must be sha256 hexdigests")
-    if not isinstance(art.domain, dict) or not isinstance(art.name, str) or not isinstance(art.layout, dict):
-        raise bad("domain and layout must be objects, name a string")
-    if not (is_int(m["tokens"]) and is_int(m["page_size"]) and art.num_tokens >= 1 and art.page_size >= 1):
-        raise bad("tokens and page_size must be positive ints")
-    try:
-        layout = PageLayout.from_dict(art.layout)
-    except (LayoutMismatchError, TypeError) as exc:  # e.g. an unknown dtype
-        raise bad(f"manifest layout: {exc}") from None
-    if layout.page_size != art.page_size:
-        raise bad(f"layout page_size {layout.page_size} != manifest page_size {art.page_size}")
-    num_pages = -(-art.num_tokens // art.page_size)
-    if len(art.page_keys) != num_pages or not all(_is_hex64(k) for k in art.page_keys):
-        raise bad(f"{art.num_tokens} tokens in pages of {art.page_size} need {num_pages} page keys "
-                  f"(sha256 hexdigests), the manifest lists {len(art.page_keys)}")
-    if m.get("root_sha256") != art.root_sha256:
-        raise bad("root_sha256 is not the last page key", ArtifactIntegrityError)
-    if m.get("domain_id") != domain_id(art.domain):
-        raise bad("domain_id does not match the domain", ArtifactIntegrityError)
-    if art.domain.get("fingerprint") != art.fingerprint or art.domain.get("page_size") != art.page_size:
-        raise bad("the domain names another model or page size than the manifest", ArtifactIntegrityError)
-    manifest = art.to_json()
-    if json.loads(manifest) != m:
-        raise bad("manifest has unknown or malformed fields")
-    return art, manifest
 
 
 def _parse_offsets(entry: dict, what: str, bad) -> tuple[int, int]:
@@ -292,7 +231,7 @@ def _parse_token_section(t: Any, num_tokens: int, bad) -> Section:
     if t["shape"] != [num_tokens]:
         raise bad(f"token_ids shape {str(t['shape'])[:40]} != [{num_tokens}] (the manifest's token count)")
     begin, end = _parse_offsets(t, "token_ids", bad)
-    if end - begin != 4 * num_tokens or not _is_hex64(t["sha256"]):
+    if end - begin != 4 * num_tokens or not is_hex64(t["sha256"]):
         raise bad(f"token_ids span {end - begin} bytes for {num_tokens} int32 ids, or has no sha256")
     return Section(begin, end, t["sha256"])
 
@@ -308,7 +247,7 @@ def _parse_page_sections(entries: Any, art: Artifact, bad) -> list[Section]:
             raise bad(f"page {i} must be an object with fields {sorted(_PAGE_FIELDS)}")
         if entry["key"] != key:
             raise bad(f"page {i} is {str(entry['key'])[:70]!r}, the manifest says {key}", ArtifactIntegrityError)
-        if not _is_hex64(entry["sha256"]):
+        if not is_hex64(entry["sha256"]):
             raise bad(f"page {i}: sha256 must be a sha256 hexdigest")
         begin, end = _parse_offsets(entry, f"page {i}", bad)
         payload = layout.payload_nbytes(sizes[i])

@@ -4,7 +4,7 @@ A manifest names an artifact's pages. Its id commits to the fingerprint its page
 determinism domain and its root page (`artifact_id`), and the root commits to every page before
 it (the hash chain). So a manifest is genuine when:
 
-    1. it is the canonical JSON of an Artifact (file_format._parse_manifest: fields, types, layout),
+    1. it is the canonical JSON of an Artifact (record.parse_record: fields, types, layout),
     2. its page count is ceil(tokens / page_size) and root_sha256 is its last page key,
     3. its id is artifact_id(chain fingerprint, root, domain) and it is stored under that id,
     4. (when its pages are read) each page's parent is the page before it, at the next position,
@@ -23,8 +23,7 @@ from paging.errors import CorruptPageError, StoreIntegrityError
 from paging.framing import strict_json
 from paging.page import PageHeader
 from paging.restore import verify_stored
-from tieredkv.artifacts.artifact import Artifact, artifact_id
-from tieredkv.artifacts.artifact import chain_fingerprint as _chain_fingerprint
+from tieredkv.artifacts.record import Artifact, artifact_id, chain_fingerprint, parse_record
 from tieredkv.errors import TieredKVError
 
 
@@ -34,45 +33,44 @@ class ManifestIntegrityError(TieredKVError):
 
 def parse_manifest(data: bytes, *, stored_as: str | None = None, where: str = "the store") -> Artifact:
     """The Artifact of manifest bytes `data` (stored under `stored_as`), or ManifestIntegrityError."""
-    from tieredkv.artifacts.file_format import _parse_manifest
-
     label = f"manifest {stored_as!r} in {where}" if stored_as else f"a manifest in {where}"
 
-    def bad(reason: str, _cls=None) -> ManifestIntegrityError:
+    def not_genuine(reason: str, _cls=None) -> ManifestIntegrityError:
         return ManifestIntegrityError(f"{label} is not a genuine manifest: {reason}; it was not used — re-import "
                                       "the artifact from a verified file or deposit it again")
 
     try:
         m = strict_json(data)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise bad(f"not JSON ({type(exc).__name__})") from None
+        raise not_genuine(f"not JSON ({type(exc).__name__})") from None
     if not isinstance(m, dict):
-        raise bad("not a JSON object")
+        raise not_genuine("not a JSON object")
     try:
-        art, canonical = _parse_manifest(m, bad)
+        art, canonical = parse_record(m, not_genuine)
     except ManifestIntegrityError:
         raise
     except TieredKVError as exc:  # e.g. an unknown manifest format version
-        raise bad(str(exc)) from None
+        raise not_genuine(str(exc)) from None
     if canonical != bytes(data):
-        raise bad("its bytes are not the canonical form its fields give")
-    verify_artifact(art, bad)
+        raise not_genuine("its bytes are not the canonical form its fields give")
+    verify_artifact(art, not_genuine)
     if stored_as is not None and stored_as != art.artifact_id:
-        raise bad(f"it is stored under {stored_as!r} but names artifact {art.artifact_id!r}")
+        raise not_genuine(f"it is stored under {stored_as!r} but names artifact {art.artifact_id!r}")
     return art
 
 
 def verify_artifact(art: Artifact, bad=None) -> str:
     """Check that `art`'s id commits to its model, domain and root; returns the chain fingerprint."""
-    if bad is None:
-        def bad(reason: str, _cls=None) -> ManifestIntegrityError:
-            return ManifestIntegrityError(f"artifact {art.artifact_id!r}: {reason}; it was not used")
+    def refused(reason: str, _cls=None) -> ManifestIntegrityError:
+        return ManifestIntegrityError(f"artifact {art.artifact_id!r}: {reason}; it was not used")
+
+    bad = bad or refused
     num_pages = -(-art.num_tokens // art.page_size) if art.page_size > 0 else -1
     if len(art.page_keys) != num_pages:
         raise bad(f"{art.num_tokens} tokens in pages of {art.page_size} need {num_pages} pages, the manifest "
                   f"lists {len(art.page_keys)}")
     try:
-        page_fp = _chain_fingerprint(art)
+        page_fp = chain_fingerprint(art)
     except (TypeError, ValueError) as exc:
         raise bad(f"its domain's regime is invalid ({exc})") from None
     want = artifact_id(page_fp, art.page_keys[-1], art.domain)

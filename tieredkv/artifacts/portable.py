@@ -245,10 +245,10 @@ def chain_fingerprint(art: Artifact) -> str:
     Deposits key pages by the model fingerprint; TieredModel contexts by a regime fingerprint
     (model + retrieval config, recorded in the domain), with their own id scheme.
     """
-    def bad(reason: str, _cls=None) -> ArtifactIntegrityError:
+    def integrity_error(reason: str, _cls=None) -> ArtifactIntegrityError:
         return ArtifactIntegrityError(f"bad artifact: {reason}")
 
-    return verify_artifact(art, bad)
+    return verify_artifact(art, integrity_error)
 
 
 def check_chain_page(art: Artifact, page_fp: str, i: int, page: Page) -> None:

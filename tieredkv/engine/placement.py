@@ -15,12 +15,12 @@ A policy sees the context through its cache (`ctx`): `spans`, `config`, `index`,
     fixed   FixedDistance  sink and retrieved pages packed right before the local window (InfLLM;
                            approximate; for contexts beyond the model's window)
 
-Diagnostics subclass or wrap a policy (`ForcedPages`) and install it with
+Diagnostics subclass or wrap a policy (`testkit.placement.ForcedPages`) and install it with
 `TieredModel.use_policy`, instead of replacing the cache's methods.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Iterable
+from typing import ClassVar
 
 import torch
 
@@ -156,28 +156,3 @@ POLICIES: dict[str, type[PlacementPolicy]] = {"own": OwnPositions, "fixed": Fixe
 def policy_for(position: str) -> PlacementPolicy:
     return POLICIES[position]()
 
-
-class ForcedPages(PlacementPolicy):
-    """Oracle retrieval for diagnostics: `base`'s selection plus `pages` (or, with `replace`, `pages`
-    instead of what retrieval found; sink and local pages stay). Placement is `base`'s. The retrieval
-    log records what the index found, or `pages` when they replace it."""
-
-    def __init__(self, base: PlacementPolicy, pages: Iterable[int], *, replace: bool = False):
-        self.base, self.pages, self.replace = base, sorted({int(p) for p in pages}), replace
-        self.name = f"{base.name}+forced"
-
-    def select_heads(self, ctx, layer_idx: int, query: torch.Tensor) -> tuple[list[int], None]:
-        return self.select(ctx, layer_idx, query), None  # the oracle's pages are for every head
-
-    def select(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
-        ids = self.base.select(ctx, layer_idx, query)
-        if not ctx.retrieving:
-            return ids
-        if not self.replace:
-            return sorted(set(ids) | set(self.pages))
-        ctx.retrieval_log[-1] = list(self.pages)
-        c = ctx.config
-        return select_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages, retrieved=self.pages)
-
-    def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
-        return self.base.place(ctx, page_ids)

@@ -20,8 +20,6 @@ from tieredkv.errors import DomainMismatchError
 DOMAIN_FIELDS = ("fingerprint", "dtype", "device_kind", "torch", "transformers", "attn_implementation",
                  "num_threads", "page_size", "machine", "tieredkv_format", "cpu", "cpu_capability", "blas",
                  "onednn", "cuda")
-# Fields recorded since tieredkv told CPUs apart; a domain without them is from an older build.
-LATER_FIELDS = ("cpu", "cpu_capability", "blas", "onednn", "cuda")
 TIEREDKV_FORMAT = 1
 
 

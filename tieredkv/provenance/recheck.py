@@ -40,28 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tieredkv.errors import DomainMismatchError
 from tieredkv.provenance.domain import DOMAIN_FIELDS, domain_differences
-from tieredkv.errors import DomainMismatchError, TieredKVError
+from tieredkv.provenance.recheck_plan import Plan, RecheckError, item
+from tieredkv.provenance.recheck_verify import is_verify_report, verify_items, verify_outputs, verify_plan
 
 # Domain fields that name the recipe (which model, how it is run) rather than the machine.
 RECIPE_FIELDS = ("fingerprint", "dtype", "attn_implementation", "page_size", "tieredkv_format")
-
-
-class RecheckError(TieredKVError):
-    """The report cannot be re-checked (no recipe, the re-run failed or printed no JSON)."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How to re-run a report: the command, the hashes it must reproduce, and the domain it claims."""
-
-    kind: str  # "recheck" (a report with a recheck block) or "verify"
-    argv: list[str]
-    outputs: dict[str, str]
-    domain: dict[str, Any]
-    inferred: tuple[str, ...] = ()  # parameters the report did not record, and how they were determined
-    inputs: frozenset[str] = frozenset()  # outputs that hash inputs: equal in any domain
-    report: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass
@@ -106,13 +91,6 @@ def load_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def verify_outputs(report: dict[str, Any]) -> dict[str, str]:
-    """Every hash a `verify --rows` report commits to, by name."""
-    from tieredkv.provenance.recheck_verify import verify_outputs as outputs
-
-    return outputs(report)
-
-
 def plan_for(report: dict[str, Any]) -> Plan:
     if "recheck" in report:
         block = report["recheck"]
@@ -124,8 +102,6 @@ def plan_for(report: dict[str, Any]) -> Plan:
             raise RecheckError("the report records no determinism domain; it cannot be re-checked")
         return Plan("recheck", [str(a) for a in block["argv"]], dict(block["outputs"]), domain,
                     inputs=frozenset(block.get("inputs", ())), report=report)
-    from tieredkv.provenance.recheck_verify import is_verify_report, verify_plan
-
     if is_verify_report(report):
         return verify_plan(report)
     if "sha256_equal" in report and "rows" not in report:
@@ -197,8 +173,6 @@ def recheck(report_path: str | Path, *, allow_domain_mismatch: bool = False,
     result.domain_differences = diffs
     result.mode = "relation" if diffs else "hash"
     if plan.kind == "verify":
-        from tieredkv.provenance.recheck_verify import verify_items
-
         result.items = verify_items(plan, rerun, result.mode)
     else:
         result.items = block_items(plan, rerun, result.mode)
@@ -215,25 +189,20 @@ def block_items(plan: Plan, rerun: dict[str, Any], mode: str) -> list[dict[str, 
     for name, committed in plan.outputs.items():
         now = got.get(name)
         if mode == "hash" or name in inputs:
-            items.append(_item(name, "hash", committed, now, now == committed))
+            items.append(item(name, "hash", committed, now, now == committed))
         else:
-            items.append(_item(name, "domain-specific", committed, now, None,
+            items.append(item(name, "domain-specific", committed, now, None,
                                "matches" if now == committed else "differs (expected on another machine)"))
     if mode == "hash":
         for name in sorted(set(got) - set(plan.outputs)):
-            items.append(_item(name, "hash", None, got[name], False, "not in the report"))
+            items.append(item(name, "hash", None, got[name], False, "not in the report"))
     committed_rel = (plan.report.get("recheck") or {}).get("relations") or {}
     relations = rerun.get("relations") or {}
     for name in sorted(set(relations) | set(committed_rel)):
         now = relations.get(name)
         ok = now is True and committed_rel.get(name, True) is True
-        items.append(_item(name, "relation", committed_rel.get(name), now, ok))
+        items.append(item(name, "relation", committed_rel.get(name), now, ok))
     return items
-
-
-def _item(name: str, check: str, committed: Any, rerun: Any, ok: bool | None, note: str = "") -> dict[str, Any]:
-    return {"name": name, "check": check, "committed": committed, "rerun": rerun, "ok": ok,
-            **({"note": note} if note else {})}
 
 
 def format_table(result: Result, *, only_failures: bool = False) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tieredkv.provenance.recheck import Plan, RecheckError, _item
+from tieredkv.provenance.recheck_plan import Plan, RecheckError, item
 
 SPEC_FIELDS = ("model", "tokens", "samples", "shift", "page_size")
 
@@ -93,38 +93,38 @@ def verify_items(plan: Plan, rerun: dict[str, Any], mode: str) -> list[dict[str,
     # 1. the report against itself: each flag against its hashes, the summary against its rows
     for r in rows:
         flag = r["fresh_logits_sha256"] == r["grafted_logits_sha256"]
-        items.append(_item(f"sample {r['sample']:03d} sha256_equal (report's own hashes)", "claim",
+        items.append(item(f"sample {r['sample']:03d} sha256_equal (report's own hashes)", "claim",
                            r.get("sha256_equal"), flag, r.get("sha256_equal") is flag))
     own = _summary(rows)
     for name in ("samples", "sha256_equal", "kl_max", "argmax_agreement"):
-        items.append(_item(f"{name} (report's own rows)", "claim", report.get(name), own[name],
+        items.append(item(f"{name} (report's own rows)", "claim", report.get(name), own[name],
                            report.get(name) == own[name]))
     # 2. hashes: inputs in any domain, logits only in the report's own
     got = verify_outputs(rerun)
     for name, committed in plan.outputs.items():
         now = got.get(name)
         if mode == "hash" or name in plan.inputs:
-            items.append(_item(name, "hash", committed, now, now == committed,
+            items.append(item(name, "hash", committed, now, now == committed,
                                "" if now == committed or not plan.inferred or name not in plan.inputs else
                                "the inferred parameters do not reproduce the inputs"))
         else:
-            items.append(_item(name, "domain-specific", committed, now, None,
+            items.append(item(name, "domain-specific", committed, now, None,
                                "matches" if now == committed else "differs (expected on another machine)"))
     # 3. relations per row: grafted == fresh (own position) or not (shifted), as the report says
     by_sample = {r["sample"]: r for r in new_rows}
     for r in rows:
         n = by_sample.get(r["sample"])
         now = None if n is None else n["fresh_logits_sha256"] == n["grafted_logits_sha256"]
-        items.append(_item(f"sample {r['sample']:03d} grafted == fresh", "relation", r.get("sha256_equal"), now,
+        items.append(item(f"sample {r['sample']:03d} grafted == fresh", "relation", r.get("sha256_equal"), now,
                            now is not None and now == r.get("sha256_equal")))
     # 4. the summary against the re-run's rows
     fresh = _summary(new_rows)
     anywhere = ("samples", "sha256_equal") + (("kl_max", "argmax_agreement") if report.get("shift") == 0 else ())
     for name in ("samples", "sha256_equal", "kl_max", "argmax_agreement"):
         if mode == "hash" or name in anywhere:
-            items.append(_item(f"{name} (re-run)", "claim", report.get(name), fresh[name],
+            items.append(item(f"{name} (re-run)", "claim", report.get(name), fresh[name],
                                report.get(name) == fresh[name]))
         else:
-            items.append(_item(f"{name} (re-run)", "domain-specific", report.get(name), fresh[name], None,
+            items.append(item(f"{name} (re-run)", "domain-specific", report.get(name), fresh[name], None,
                                "a shifted graft's drift depends on the machine"))
     return items
