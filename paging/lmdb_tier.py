@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import random
 import re
@@ -26,8 +27,10 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import lmdb
 
+from safefiles import open_regular
+
 from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
-                     StoreCorruptedError, StoreFullError, StoreIntegrityError)
+                     StoreCorruptedError, StoreFullError, StoreIntegrityError, StoreReadOnlyError)
 from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
 from .framing import body_len, open_value, seal_value
@@ -101,6 +104,23 @@ def _maps_when_asked_less(path: str) -> bool:
     return True
 
 
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _why_not_writable(path: str) -> str | None:
+    """Why the files of the store at `path` cannot be opened for writing (None: they can). Each must be a
+    regular file (safefiles.open_regular: a symlink or a FIFO is refused, never followed or waited on)."""
+    for name, flags in (("data.mdb", os.O_RDWR), ("lock.mdb", os.O_RDWR | os.O_CREAT)):
+        try:
+            os.close(open_regular(os.path.join(path, name), flags))
+        except OSError as exc:
+            if exc.errno not in _NOT_WRITABLE:
+                raise
+            return (f"{'a read-only file system' if exc.errno == errno.EROFS else 'no permission to write'} "
+                    f"({name}: {exc.strerror})")
+    return None
+
+
 def _key_text(raw: bytes) -> str:
     """A stored key as text; bytes that are not UTF-8 (damaged) are shown as \\xNN escapes."""
     return raw.decode("utf-8", "backslashreplace") if raw else "(an empty key)"
@@ -130,8 +150,12 @@ class LMDBTier(Tier):
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 1 << 30,
                  max_map_size: int | None = None, readonly: bool = False,
-                 readahead: bool = True, allow_damaged: bool = False) -> None:
+                 readahead: bool = True, allow_damaged: bool = False, readonly_fallback: bool = False) -> None:
         """Open (or create) the store at `path`.
+
+        A store whose files cannot be opened for writing (a read-only file system, a directory this user
+        may not write) opens read-only with `readonly_fallback` (LMDB without its lock file: nothing can
+        write there either), else StoreReadOnlyError; it is never taken for a damaged one.
 
         Refused with StoreIntegrityError: a data.mdb shorter than its committed pages (it was
         truncated; reading it would SIGBUS), or contents that do not match the commit record
@@ -145,6 +169,7 @@ class LMDBTier(Tier):
         self.path = os.path.realpath(_store_path(path))
         self.max_map_size = max_map_size
         self.readonly = readonly
+        self._readonly_fallback = readonly_fallback
         self.verified_reads = 0
         self.corrupt_detected = 0
         self.quarantined = 0
@@ -206,11 +231,12 @@ class LMDBTier(Tier):
                 f"store {self.path} {what}, but its data.mdb is {'missing' if size is None else f'{size} bytes'}: "
                 f"it was deleted or truncated — {_RESTORE_HINT}")
         existed = os.path.exists(data)
+        lock = self._can_lock(existed)
         if not self.readonly:
             os.makedirs(self.path, exist_ok=True)
         self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
                               writemap=False, sync=True, metasync=True, readahead=readahead,
-                              lock=True, readonly=self.readonly)
+                              lock=lock, readonly=self.readonly)
         self._check_size()  # NOTE: before the first read of the map: a short file is SIGBUS
         self._writer = WriterLock(self.path)
         self._env.reader_check()  # clear reader slots of killed processes
@@ -230,6 +256,18 @@ class LMDBTier(Tier):
                 self.record_note = ("no commit record existed (a store from an older build, or its "
                                     "tieredkv.commit was deleted), so nothing could be compared; a new one "
                                     "was started from the store as it is")
+
+    def _can_lock(self, existed: bool) -> bool:
+        """Whether LMDB may use its lock file: False when the store cannot be written and is opened read-only
+        (`readonly_fallback`); StoreReadOnlyError when it cannot be written and must be."""
+        why = _why_not_writable(self.path) if existed else None
+        if why is None:
+            return True
+        if not self._readonly_fallback and not self.readonly:
+            raise StoreReadOnlyError(f"store {self.path} cannot be written: {why} — copy it to a writable "
+                                     f"directory to write to it; check, stats and export read it as it is")
+        self.readonly = True
+        return False
 
     def _used_nbytes(self) -> int:
         """Where LMDB's last committed page ends in data.mdb."""

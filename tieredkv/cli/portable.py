@@ -28,7 +28,7 @@ def cmd_export(args) -> int:
     from tieredkv.progress import count_bar
 
     to_stdout = args.output == "-"
-    with open_store(args.store, must_exist=True) as store, \
+    with open_store(args.store, must_exist=True, readonly_fallback=True) as store, \
             count_bar("export", None, unit="page", quiet=args.quiet or to_stdout) as bar:
         summary = export_artifact(store, args.artifact, sys.stdout.buffer if to_stdout else args.output, progress=bar)
     summary = {**summary, "store": str(args.store)}
@@ -132,7 +132,7 @@ def _check_here(args) -> int:
 
     opened = False
     try:
-        with open_store(args.store, must_exist=True, allow_damaged=True) as store:
+        with open_store(args.store, must_exist=True, allow_damaged=True, readonly_fallback=True) as store:
             opened = True
             bound = store_fingerprint(store) if lm is not None else None
             if bound is not None and bound != lm.fingerprint:  # it could recompute nothing, and say healthy

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from index import IndexStaleError, PageIndex
-from index.atomic_file import AtomicFile
+from safefiles import AtomicFile
 from paging import PageLayout, PageStore
 from tieredkv.engine import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
