@@ -94,7 +94,7 @@ def test_a_fifo_in_place_of_the_model_manifest_is_one_line_not_a_hang(tmp_path):
                           env={**ENV, "TIEREDKV_CACHE": str(tmp_path)})  # was: a hang (TimeoutExpired)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 1 and last.startswith("tieredkv.errors.ModelCacheError: "), proc.stderr[-2000:]
-    assert "is a FIFO, not a regular file" in last and f"delete that directory" in last, last
+    assert "is a FIFO, not a regular file" in last and "delete that directory" in last, last
     assert (copy / MANIFEST).exists() and not (copy / MANIFEST).is_file()  # nothing converted over it
 
 
