@@ -74,3 +74,7 @@ class StoreLockError(PagingError):
 class StoreReadOnlyError(PagingError):
     """The store's files cannot be opened for writing (a read-only file system, or a directory this user
     may not write): nothing can be written there. Read commands open such a store read-only."""
+
+
+class StoreClosedError(PagingError):
+    """The store (or its LMDB tier) was used after close(); open it again."""

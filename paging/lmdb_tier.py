@@ -30,7 +30,8 @@ import lmdb
 from safefiles import open_regular
 
 from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
-                     StoreCorruptedError, StoreFullError, StoreIntegrityError, StoreReadOnlyError)
+                     StoreClosedError, StoreCorruptedError, StoreFullError, StoreIntegrityError,
+                     StoreReadOnlyError)
 from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
 from .framing import body_len, open_value, seal_value
@@ -80,10 +81,12 @@ def _damaged(path: str, exc: lmdb.Error) -> StoreCorruptedError:
                                f"was altered — {REBUILD_HINT}")
 
 
-def _store_path(path: str | os.PathLike) -> str | bytes:
+def _store_path(path: str | os.PathLike) -> str:
     """`path` as given, refused if blank (it would open the current directory as the store)."""
     path = os.fspath(path)
-    if not os.fsdecode(path).strip():
+    if isinstance(path, bytes):  # NOTE: every name joined to it below is str; a bytes path would mix the two
+        raise PagingError(f"store path {path!r} is bytes; give it as a str or pathlib.Path (os.fsdecode(path))")
+    if not path.strip():
         raise PagingError(f"store path {path!r} is blank; give the directory of the store (it is created if missing)")
     return path
 
@@ -349,6 +352,8 @@ class LMDBTier(Tier):
         return self._env.reader_check()
 
     def _check_process(self) -> None:
+        if getattr(self, "_closed", False):
+            raise StoreClosedError(f"LMDB store {self.path} was closed; open it again (a new PageStore) to use it")
         if os.getpid() != self._pid:
             raise PagingError(f"LMDB store {self.path} was opened in process {self._pid} and "
                               f"used in {os.getpid()} after fork(); open it in the child "
