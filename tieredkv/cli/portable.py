@@ -5,7 +5,8 @@
     tieredkv check  --store DIR [--sample FRACTION] [--seed N] [--recompute FRACTION --model NAME]
 
 `check` exits 1 when it finds corrupt pages or manifests, artifacts whose pages are gone
-(quarantined earlier) or do not chain, pages that do not reproduce (--recompute), or a store
+(quarantined earlier) or do not chain, pages that do not reproduce (--recompute), artifacts that
+--recompute could not recompute here (not verified: the reason is given), or a store
 that does not match its commit record (rolled back): the store cannot serve them until they are
 re-imported or re-deposited.
 """
