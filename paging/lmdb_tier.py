@@ -34,6 +34,7 @@ from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, Page
                      StoreReadOnlyError)
 from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
+from .pause_points import pause_point
 from .framing import body_len, open_value, seal_value
 from .store_lock import WriterLock
 from .tier import Tier
@@ -243,11 +244,13 @@ class LMDBTier(Tier):
         self._check_size()  # NOTE: before the first read of the map: a short file is SIGBUS
         self._writer = WriterLock(self.path)
         self._env.reader_check()  # clear reader slots of killed processes
-        with self._writer.hold():
+        with self._lock, self._writer.hold():
             self._dbs = self._open_dbs(record)
-        if record is not None:
-            txnid, entries, manifests = self._read(self._state)
-            self.damage = compare(record, txnid, entries, manifests)
+            record, state = self._record_and_state()
+        if self.record_note:
+            self.damage = [self.record_note]
+        elif record is not None:
+            self.damage = compare(record, *state)
         if self.damage and not allow_damaged:
             raise StoreIntegrityError(f"store {self.path} does not match its commit record: "
                                       f"{'; '.join(self.damage)} — {_RESTORE_HINT}")
@@ -323,14 +326,28 @@ class LMDBTier(Tier):
             self.nbytes
         except StoreCorruptedError as exc:
             found.add(str(exc))
+        with self._lock, self._writer.hold():
+            record, state = self._record_and_state()
+        if self.record_note is not None:
+            found.add(self.record_note)
+        elif record is not None:
+            found |= set(compare(record, *state))
+        return sorted(found)
+
+    def _record_and_state(self) -> tuple[CommitRecord | None, tuple[int, dict[str, int], list[str]] | None]:
+        """The commit record and LMDB's state as of the same commit (None when there is no record); a record
+        that cannot be read sets `record_note`. Call it holding the writer lock.
+
+        NOTE: under the writer lock no transaction commits between the two reads. Without it, a process
+        that deletes an artifact in between (record rewritten without it, then the commit) leaves this one
+        with the older record and the newer state: a committed artifact reported lost.
+        """
         record, note = read_record(self.path)
         if note is not None:
             self.record_note = note
-            found.add(note)
-        elif record is not None:
-            txnid, entries, manifests = self._read(self._state)
-            found |= set(compare(record, txnid, entries, manifests))
-        return sorted(found)
+            return None, None
+        pause_point("commit-record-read")
+        return record, None if record is None else self._read(self._state)
 
     # -- plumbing ---------------------------------------------------------------------
     def _check_format(self) -> None:
@@ -807,6 +824,29 @@ class LMDBTier(Tier):
             raise PagingError(f"meta values are str, got {type(value).__name__}")
         self._write(lambda txn: txn.put(name.encode("utf-8"), value.encode("utf-8"),
                                         db=self._dbs["meta"]))
+
+    def set_meta_if_absent(self, name: str, value: str) -> str:
+        """Set meta `name` to `value` unless it has a value; either way return the value it holds after. The
+        read and the write are one write transaction (compare-and-set): of two processes that both find it
+        unset, one sets it and the other gets that value back."""
+        if not isinstance(name, str) or not name or name.startswith("__paging"):
+            raise PagingError(f"meta name {name!r} is empty or reserved (\"__paging*\")")
+        if not isinstance(value, str):
+            raise PagingError(f"meta values are str, got {type(value).__name__}")
+
+        def cas(txn: lmdb.Transaction) -> bytes:
+            held = txn.get(name.encode("utf-8"), db=self._dbs["meta"])
+            pause_point("meta-read")
+            if held is None:
+                held = value.encode("utf-8")
+                txn.put(name.encode("utf-8"), held, db=self._dbs["meta"])
+            return bytes(held)
+        raw = self._write(cas)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StoreCorruptedError(f"store {self.path}: its meta value {name!r} is not UTF-8 ({raw[:40]!r}): it "
+                                      f"was altered on disk") from None
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

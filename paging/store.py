@@ -481,6 +481,10 @@ class PageStore:
     def set_meta(self, name: str, value: str) -> None:
         self._lmdb.set_meta(name, value)
 
+    def set_meta_if_absent(self, name: str, value: str) -> str:
+        """Compare-and-set: `value` unless `name` has one; returns the value held after (LMDBTier)."""
+        return self._lmdb.set_meta_if_absent(name, value)
+
     def check(self, sample: float = 1.0, seed: int = 0) -> dict:
         """Re-verify stored pages (see LMDBTier.check); drops cached copies of bad ones."""
         report = self._lmdb.check(sample=sample, seed=seed)

@@ -88,11 +88,13 @@ def store_fingerprint(store) -> str | None:
 
 
 def bind_store(store: PageStore, lm: LoadedModel) -> None:
-    """A store holds one model's pages: record the fingerprint on first use, refuse another model after."""
+    """A store holds one model's pages: record the fingerprint on first use, refuse another model after.
+    NOTE: the first binding is a compare-and-set, so of two models depositing into a new store at once
+    one binds it and the other is refused."""
     recorded = store_fingerprint(store)
     if recorded is None:
-        store.set_meta(STORE_FINGERPRINT_META, lm.fingerprint)
-    elif recorded != lm.fingerprint:
+        recorded = store.set_meta_if_absent(STORE_FINGERPRINT_META, lm.fingerprint)
+    if recorded != lm.fingerprint:
         raise ModelMismatchError(f"store {store.path}", recorded, lm.fingerprint)
 
 
