@@ -246,9 +246,9 @@ class LMDBTier(Tier):
         self._env.reader_check()  # clear reader slots of killed processes
         with self._lock, self._writer.hold():
             self._dbs = self._open_dbs(record)
-            record, state = self._record_and_state()
-        if self.record_note:
-            self.damage = [self.record_note]
+            record, note, state = self._record_and_state()
+        if note is not None:
+            self.damage = [note]
         elif record is not None:
             self.damage = compare(record, *state)
         if self.damage and not allow_damaged:
@@ -327,16 +327,17 @@ class LMDBTier(Tier):
         except StoreCorruptedError as exc:
             found.add(str(exc))
         with self._lock, self._writer.hold():
-            record, state = self._record_and_state()
-        if self.record_note is not None:
-            found.add(self.record_note)
+            record, note, state = self._record_and_state()
+        if note is not None:
+            found.add(note)
         elif record is not None:
             found |= set(compare(record, *state))
         return sorted(found)
 
-    def _record_and_state(self) -> tuple[CommitRecord | None, tuple[int, dict[str, int], list[str]] | None]:
-        """The commit record and LMDB's state as of the same commit (None when there is no record); a record
-        that cannot be read sets `record_note`. Call it holding the writer lock.
+    def _record_and_state(self) -> tuple[CommitRecord | None, str | None, tuple[int, dict[str, int], list[str]] | None]:
+        """(record, note, state): the commit record and LMDB's state as of the same commit (state None when
+        there is no record); a record that cannot be read is (None, why, None) and sets `record_note`. Call it
+        holding the writer lock.
 
         NOTE: under the writer lock no transaction commits between the two reads. Without it, a process
         that deletes an artifact in between (record rewritten without it, then the commit) leaves this one
@@ -345,9 +346,9 @@ class LMDBTier(Tier):
         record, note = read_record(self.path)
         if note is not None:
             self.record_note = note
-            return None, None
+            return None, note, None
         pause_point("commit-record-read")
-        return record, None if record is None else self._read(self._state)
+        return record, None, None if record is None else self._read(self._state)
 
     # -- plumbing ---------------------------------------------------------------------
     def _check_format(self) -> None:
