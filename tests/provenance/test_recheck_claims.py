@@ -3,7 +3,6 @@ row's fields, and refuses at once a report whose counts, nesting or size no veri
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 import sys
 
