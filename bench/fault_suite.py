@@ -719,6 +719,23 @@ def bad_cli_input(world: World) -> dict[str, Any]:
                cases=[n for n, good in zip(cases, ok) if not good])
 
 
+def store_files(world: World) -> dict[str, Any]:
+    """Files of a store that are not the files they should be (a FIFO, a symlink, a directory), and a symlink
+    where the commit record's temporary file goes."""
+    cases = tf.store_file_cases(world.template, world.root / "store-files")
+    try:
+        results = tf.cli_many(*[["check", "--store", str(store)] for store in cases.values()], timeout=300)
+        ok = [tf.refused_or_reported(r) for r in results]
+    except subprocess.TimeoutExpired:  # a FIFO read without O_NONBLOCK hangs every command
+        ok = [False] * len(cases)
+    ok.append(tf.commit_temp_symlink_run(world.lm, world.template, world.root / "store-files"))
+    names = [*cases, "commit record's temp file is a symlink (deposit)"]
+    return row("store files that are not regular files", len(ok), sum(ok), len(ok) - sum(ok),
+               f"{', '.join(names)}: `check` names the file and exits 1 or 2 in one line, never hangs; the deposit "
+               "leaves the symlink's target as it was (was: check and stats hung on the FIFO; the deposit "
+               "overwrote the target)", cases=[n for n, good in zip(names, ok) if not good])
+
+
 def render(report: dict[str, Any]) -> str:
     env, cfg = report["environment"], report["config"]
     rows = [{"fault": r["fault"], "tries": r["tries"], "ok": f"{r['ok']}/{r['tries']}", "lost": r["lost"],
@@ -827,6 +844,7 @@ def fault_steps(world: World, counts: dict[str, int]) -> list[tuple[str, Callabl
         ("forgeries", lambda rng: forgeries(world, counts["forgery_seeds"])),
         ("export targets", lambda rng: export_targets(world)),
         ("bad input", lambda rng: bad_cli_input(world)),
+        ("store files", lambda rng: store_files(world)),
     ]
 
 

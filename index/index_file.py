@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .atomic_file import AtomicFile
+from safefiles import AtomicFile, open_regular, read_regular
 from .errors import IndexStaleError
 
 FORMAT = "tieredkv-page-index"
@@ -66,11 +66,7 @@ def read_index_file(path: str | os.PathLike) -> tuple[dict[str, Any], list[bytes
     path = Path(path)
     side = sidecar_path(path)
     try:
-        with open(side, "rb") as f:
-            raw = f.read(_MAX_SIDECAR_BYTES + 1)
-        if len(raw) > _MAX_SIDECAR_BYTES:
-            raise ValueError("sidecar too large")
-        meta = json.loads(raw)
+        meta = json.loads(read_regular(side, _MAX_SIDECAR_BYTES))
         if not isinstance(meta, dict):
             raise ValueError("sidecar is not a JSON object")
     except (OSError, ValueError) as e:
@@ -87,7 +83,7 @@ def read_index_file(path: str | os.PathLike) -> tuple[dict[str, Any], list[bytes
     digest = hashlib.sha256()
     chunks: list[bytes] = []
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
             for size in sizes:
                 chunk = f.read(size)
                 if len(chunk) != size:

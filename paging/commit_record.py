@@ -30,9 +30,12 @@ import json
 import os
 from dataclasses import dataclass
 
+from safefiles import AtomicFile, read_regular
+
 from .framing import open_value, seal_value
 
 RECORD_NAME = "tieredkv.commit"
+_MAX_RECORD_BYTES = 64 << 20  # the artifact ids of a very large store; a bigger file is not a record
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,8 @@ def record_path(store_dir: str) -> str:
 def read_record(store_dir: str) -> tuple[CommitRecord | None, str | None]:
     """(record, note): (None, None) when there is none; (None, why) when it is unreadable (damage: the
     store cannot be compared with what it committed, and the record is not replaced)."""
-    try:
-        with open(record_path(store_dir), "rb") as f:
-            raw = f.read(64 << 20)
+    try:  # NOTE: a regular file only: a FIFO here would hang the read, a symlink read another file
+        raw = read_regular(record_path(store_dir), _MAX_RECORD_BYTES)
     except (FileNotFoundError, NotADirectoryError):  # (a store path that is a file: LMDB says so)
         return None, None
     except OSError as exc:
@@ -88,21 +90,10 @@ def read_record(store_dir: str) -> tuple[CommitRecord | None, str | None]:
 
 
 def write_record(store_dir: str, record: CommitRecord, *, durable: bool = False) -> None:
-    """Replace the record atomically (temp file + rename). Call it holding the writer lock."""
-    path = record_path(store_dir)
-    tmp = path + ".tmp"  # NOTE: one writer at a time (the writer lock), so one temp name is enough
-    with open(tmp, "wb") as f:
+    """Replace the record atomically (a new temp file, never one that exists, then a rename). Call it
+    holding the writer lock."""
+    with AtomicFile(record_path(store_dir), durable=durable) as f:
         f.write(record.to_bytes())
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fd = os.open(store_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def compare(record: CommitRecord, txnid: int, entries: dict[str, int], manifests: list[str]) -> list[str]:

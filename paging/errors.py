@@ -69,3 +69,12 @@ class StoreCorruptedError(StoreIntegrityError):
 class StoreLockError(PagingError):
     """data.mdb or lock.mdb was deleted or replaced while the store was open: LMDB's own locking
     can no longer keep writers apart, so this process stops using the store."""
+
+
+class StoreReadOnlyError(PagingError):
+    """The store's files cannot be opened for writing (a read-only file system, or a directory this user
+    may not write): nothing can be written there. Read commands open such a store read-only."""
+
+
+class StoreClosedError(PagingError):
+    """The store (or its LMDB tier) was used after close(); open it again."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import random
 import re
@@ -26,10 +27,14 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import lmdb
 
+from safefiles import open_regular
+
 from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
-                     StoreCorruptedError, StoreFullError, StoreIntegrityError)
+                     StoreClosedError, StoreCorruptedError, StoreFullError, StoreIntegrityError,
+                     StoreReadOnlyError)
 from .commit_record import CommitRecord, compare, read_record, write_record
 from .page import FORMAT_VERSION, Page, is_valid_page
+from .pause_points import pause_point
 from .framing import body_len, open_value, seal_value
 from .store_lock import WriterLock
 from .tier import Tier
@@ -77,10 +82,12 @@ def _damaged(path: str, exc: lmdb.Error) -> StoreCorruptedError:
                                f"was altered — {REBUILD_HINT}")
 
 
-def _store_path(path: str | os.PathLike) -> str | bytes:
+def _store_path(path: str | os.PathLike) -> str:
     """`path` as given, refused if blank (it would open the current directory as the store)."""
     path = os.fspath(path)
-    if not os.fsdecode(path).strip():
+    if isinstance(path, bytes):  # NOTE: every name joined to it below is str; a bytes path would mix the two
+        raise PagingError(f"store path {path!r} is bytes; give it as a str or pathlib.Path (os.fsdecode(path))")
+    if not path.strip():
         raise PagingError(f"store path {path!r} is blank; give the directory of the store (it is created if missing)")
     return path
 
@@ -99,6 +106,23 @@ def _maps_when_asked_less(path: str) -> bool:
     except lmdb.Error:
         return False
     return True
+
+
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _why_not_writable(path: str) -> str | None:
+    """Why the files of the store at `path` cannot be opened for writing (None: they can). Each must be a
+    regular file (safefiles.open_regular: a symlink or a FIFO is refused, never followed or waited on)."""
+    for name, flags in (("data.mdb", os.O_RDWR), ("lock.mdb", os.O_RDWR | os.O_CREAT)):
+        try:
+            os.close(open_regular(os.path.join(path, name), flags))
+        except OSError as exc:
+            if exc.errno not in _NOT_WRITABLE:
+                raise
+            return (f"{'a read-only file system' if exc.errno == errno.EROFS else 'no permission to write'} "
+                    f"({name}: {exc.strerror})")
+    return None
 
 
 def _key_text(raw: bytes) -> str:
@@ -130,8 +154,12 @@ class LMDBTier(Tier):
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 1 << 30,
                  max_map_size: int | None = None, readonly: bool = False,
-                 readahead: bool = True, allow_damaged: bool = False) -> None:
+                 readahead: bool = True, allow_damaged: bool = False, readonly_fallback: bool = False) -> None:
         """Open (or create) the store at `path`.
+
+        A store whose files cannot be opened for writing (a read-only file system, a directory this user
+        may not write) opens read-only with `readonly_fallback` (LMDB without its lock file: nothing can
+        write there either), else StoreReadOnlyError; it is never taken for a damaged one.
 
         Refused with StoreIntegrityError: a data.mdb shorter than its committed pages (it was
         truncated; reading it would SIGBUS), or contents that do not match the commit record
@@ -145,6 +173,7 @@ class LMDBTier(Tier):
         self.path = os.path.realpath(_store_path(path))
         self.max_map_size = max_map_size
         self.readonly = readonly
+        self._readonly_fallback = readonly_fallback
         self.verified_reads = 0
         self.corrupt_detected = 0
         self.quarantined = 0
@@ -206,19 +235,22 @@ class LMDBTier(Tier):
                 f"store {self.path} {what}, but its data.mdb is {'missing' if size is None else f'{size} bytes'}: "
                 f"it was deleted or truncated — {_RESTORE_HINT}")
         existed = os.path.exists(data)
+        lock = self._can_lock(existed)
         if not self.readonly:
             os.makedirs(self.path, exist_ok=True)
         self._env = lmdb.open(self.path, map_size=map_size, subdir=True, max_dbs=4,
                               writemap=False, sync=True, metasync=True, readahead=readahead,
-                              lock=True, readonly=self.readonly)
+                              lock=lock, readonly=self.readonly)
         self._check_size()  # NOTE: before the first read of the map: a short file is SIGBUS
         self._writer = WriterLock(self.path)
         self._env.reader_check()  # clear reader slots of killed processes
-        with self._writer.hold():
+        with self._lock, self._writer.hold():
             self._dbs = self._open_dbs(record)
-        if record is not None:
-            txnid, entries, manifests = self._read(self._state)
-            self.damage = compare(record, txnid, entries, manifests)
+            record, note, state = self._record_and_state()
+        if note is not None:
+            self.damage = [note]
+        elif record is not None:
+            self.damage = compare(record, *state)
         if self.damage and not allow_damaged:
             raise StoreIntegrityError(f"store {self.path} does not match its commit record: "
                                       f"{'; '.join(self.damage)} — {_RESTORE_HINT}")
@@ -230,6 +262,18 @@ class LMDBTier(Tier):
                 self.record_note = ("no commit record existed (a store from an older build, or its "
                                     "tieredkv.commit was deleted), so nothing could be compared; a new one "
                                     "was started from the store as it is")
+
+    def _can_lock(self, existed: bool) -> bool:
+        """Whether LMDB may use its lock file: False when the store cannot be written and is opened read-only
+        (`readonly_fallback`); StoreReadOnlyError when it cannot be written and must be."""
+        why = _why_not_writable(self.path) if existed else None
+        if why is None:
+            return True
+        if not self._readonly_fallback and not self.readonly:
+            raise StoreReadOnlyError(f"store {self.path} cannot be written: {why} — copy it to a writable "
+                                     f"directory to write to it; check, stats and export read it as it is")
+        self.readonly = True
+        return False
 
     def _used_nbytes(self) -> int:
         """Where LMDB's last committed page ends in data.mdb."""
@@ -282,14 +326,29 @@ class LMDBTier(Tier):
             self.nbytes
         except StoreCorruptedError as exc:
             found.add(str(exc))
+        with self._lock, self._writer.hold():
+            record, note, state = self._record_and_state()
+        if note is not None:
+            found.add(note)
+        elif record is not None:
+            found |= set(compare(record, *state))
+        return sorted(found)
+
+    def _record_and_state(self) -> tuple[CommitRecord | None, str | None, tuple[int, dict[str, int], list[str]] | None]:
+        """(record, note, state): the commit record and LMDB's state as of the same commit (state None when
+        there is no record); a record that cannot be read is (None, why, None) and sets `record_note`. Call it
+        holding the writer lock.
+
+        NOTE: under the writer lock no transaction commits between the two reads. Without it, a process
+        that deletes an artifact in between (record rewritten without it, then the commit) leaves this one
+        with the older record and the newer state: a committed artifact reported lost.
+        """
         record, note = read_record(self.path)
         if note is not None:
             self.record_note = note
-            found.add(note)
-        elif record is not None:
-            txnid, entries, manifests = self._read(self._state)
-            found |= set(compare(record, txnid, entries, manifests))
-        return sorted(found)
+            return None, note, None
+        pause_point("commit-record-read")
+        return record, None, None if record is None else self._read(self._state)
 
     # -- plumbing ---------------------------------------------------------------------
     def _check_format(self) -> None:
@@ -311,6 +370,8 @@ class LMDBTier(Tier):
         return self._env.reader_check()
 
     def _check_process(self) -> None:
+        if getattr(self, "_closed", False):
+            raise StoreClosedError(f"LMDB store {self.path} was closed; open it again (a new PageStore) to use it")
         if os.getpid() != self._pid:
             raise PagingError(f"LMDB store {self.path} was opened in process {self._pid} and "
                               f"used in {os.getpid()} after fork(); open it in the child "
@@ -764,6 +825,29 @@ class LMDBTier(Tier):
             raise PagingError(f"meta values are str, got {type(value).__name__}")
         self._write(lambda txn: txn.put(name.encode("utf-8"), value.encode("utf-8"),
                                         db=self._dbs["meta"]))
+
+    def set_meta_if_absent(self, name: str, value: str) -> str:
+        """Set meta `name` to `value` unless it has a value; either way return the value it holds after. The
+        read and the write are one write transaction (compare-and-set): of two processes that both find it
+        unset, one sets it and the other gets that value back."""
+        if not isinstance(name, str) or not name or name.startswith("__paging"):
+            raise PagingError(f"meta name {name!r} is empty or reserved (\"__paging*\")")
+        if not isinstance(value, str):
+            raise PagingError(f"meta values are str, got {type(value).__name__}")
+
+        def cas(txn: lmdb.Transaction) -> bytes:
+            held = txn.get(name.encode("utf-8"), db=self._dbs["meta"])
+            pause_point("meta-read")
+            if held is None:
+                held = value.encode("utf-8")
+                txn.put(name.encode("utf-8"), held, db=self._dbs["meta"])
+            return bytes(held)
+        raw = self._write(cas)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StoreCorruptedError(f"store {self.path}: its meta value {name!r} is not UTF-8 ({raw[:40]!r}): it "
+                                      f"was altered on disk") from None
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

@@ -87,6 +87,9 @@ class StoreConfig:
     # Open a store that does not match its commit record (paging/commit_record.py) so that `check`
     # can report it; every write to it is refused. Off: such a store is refused at open.
     allow_damaged: bool = False
+    # Open a store whose files cannot be written (a read-only file system, a directory this user may not
+    # write) read-only, for commands that only read. Off: such a store is refused (StoreReadOnlyError).
+    readonly_fallback: bool = False
 
     def __post_init__(self) -> None:
         if self.host_budget_bytes is not None and not (
@@ -107,7 +110,7 @@ class StoreConfig:
                               f"({self.lmdb_map_size}) to {MAX_MAP_SIZE}, got {self.lmdb_max_map_size!r}")
         if self.remote is not None:
             RemoteConfig.from_url(self.remote)  # raises PagingError with what is wrong
-        for name in ("lmdb_readahead", "allow_damaged", "remote_from_env"):
+        for name in ("lmdb_readahead", "allow_damaged", "remote_from_env", "readonly_fallback"):
             if not isinstance(getattr(self, name), bool):
                 raise PagingError(f"{name} must be a bool (True or False), got {getattr(self, name)!r}")
         if self.remote_mode not in REMOTE_MODES:
@@ -133,7 +136,7 @@ class PageStore:
         self.path = os.fspath(path)
         self._lmdb = LMDBTier(path, map_size=config.lmdb_map_size,
                               max_map_size=config.lmdb_max_map_size, readahead=config.lmdb_readahead,
-                              allow_damaged=config.allow_damaged)
+                              allow_damaged=config.allow_damaged, readonly_fallback=config.readonly_fallback)
         self._host = HostTier(config.resolved_host_budget())
         self._device = DeviceTier(config.device_budget_bytes, config.device)
         self._host_lru = LRUPolicy()
@@ -477,6 +480,10 @@ class PageStore:
 
     def set_meta(self, name: str, value: str) -> None:
         self._lmdb.set_meta(name, value)
+
+    def set_meta_if_absent(self, name: str, value: str) -> str:
+        """Compare-and-set: `value` unless `name` has one; returns the value held after (LMDBTier)."""
+        return self._lmdb.set_meta_if_absent(name, value)
 
     def check(self, sample: float = 1.0, seed: int = 0) -> dict:
         """Re-verify stored pages (see LMDBTier.check); drops cached copies of bad ones."""

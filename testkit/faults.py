@@ -655,7 +655,7 @@ def deposit_kill_run(runner: ForkRunner, template: Path, work: Path, text: str, 
 def export_kill_run(runner: ForkRunner, store_path: Path, artifact_id: str, path: Path, old: bytes, new_sha: str,
                     delay: float | None) -> dict[str, Any]:
     """Export over an existing file in a child, SIGKILL it after `delay`: old file or new, never torn."""
-    from index.atomic_file import remove_stale_temps
+    from safefiles import remove_stale_temps
 
     path.write_bytes(old)
     run = runner.run(export_target, (str(store_path), artifact_id, str(path)), delay)

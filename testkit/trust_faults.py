@@ -622,3 +622,55 @@ __all__ = ["call", "cli_many", "one_line", "is_one_line_error",
            "damaged_key_target", "tampered_manifests", "manifest_run", "forge_file", "forged_import_run",
            "special_targets", "node_kind", "current_meta_offset", "flip_byte_bit", "artifact_roots",
            "bad_cli_inputs"]
+
+
+# ----------------------------------------------------------------------------- files of a store that are not files
+def store_file_cases(template: Path, root: Path) -> dict[str, Path]:
+    """Copies of the store `template`, each with one of its files replaced by what it must never be taken
+    for: the commit record as a FIFO, a symlink and a directory; data.mdb as a symlink; lock.mdb as a FIFO."""
+    from paging.commit_record import RECORD_NAME
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "outside").write_bytes(b"not a commit record")
+    cases: dict[str, Path] = {}
+    for name, file, make in (
+            ("commit record is a FIFO", RECORD_NAME, os.mkfifo),
+            ("commit record is a symlink", RECORD_NAME, lambda p: p.symlink_to(root / "outside")),
+            ("commit record is a directory", RECORD_NAME, os.mkdir),
+            ("data.mdb is a symlink", "data.mdb", lambda p: p.symlink_to(p.with_name("data.real"))),
+            ("lock.mdb is a FIFO", "lock.mdb", os.mkfifo)):
+        store = root / name.replace(" ", "-").replace(".", "")
+        shutil.copytree(template, store)
+        target = store / file
+        if file == "data.mdb":
+            target.rename(store / "data.real")
+        else:
+            target.unlink(missing_ok=True)
+        make(target)
+        cases[name] = store
+    return cases
+
+
+def refused_or_reported(result: dict) -> bool:
+    """A `check` that names the file and says what it is: a report (exit 1, not healthy), or one line, exit 2."""
+    if result["rc"] == 1:
+        report = json.loads(result["out"])
+        return not report["healthy"] and any("not a regular file" in d for d in report["store_damage"])
+    return is_one_line_error(result) and "not a regular file" in result["err"]
+
+
+def commit_temp_symlink_run(lm, template: Path, root: Path) -> bool:
+    """A symlink where the commit record's temporary file went, pointing at a file the user can write: a
+    deposit must leave that file as it was."""
+    from paging import PageStore
+    from paging.commit_record import RECORD_NAME
+    from tieredkv.artifacts.artifact import deposit
+
+    store = root / "commit-temp-symlink"
+    shutil.copytree(template, store)
+    victim = root / "victim"
+    victim.write_bytes(b"keep")
+    (store / f"{RECORD_NAME}.tmp").symlink_to(victim)
+    with PageStore(store, store_config()) as s:
+        deposit(lm, "a deposit that rewrites the commit record " * 4, s, page_size=PAGE_SIZE)
+    return victim.read_bytes() == b"keep"

@@ -1,4 +1,5 @@
-"""index/ knows vectors and page ids: it must not import the model or storage layers."""
+"""index/ knows vectors and page ids: it must not import the model or storage layers. safefiles/ sits below
+every package of the project: it imports none of them."""
 
 import ast
 from pathlib import Path
@@ -6,8 +7,8 @@ from pathlib import Path
 FORBIDDEN = {"tieredkv", "paging", "transformers", "torch"}
 
 
-def test_index_imports_stay_below_models_and_storage():
-    root = Path(__file__).resolve().parents[1] / "index"
+def _imports_of(folder: str, forbidden: set[str]) -> None:
+    root = Path(__file__).resolve().parents[1] / folder
     files = sorted(root.rglob("*.py"))
     assert files
     for path in files:
@@ -19,4 +20,12 @@ def test_index_imports_stay_below_models_and_storage():
             else:
                 continue
             for name in names:
-                assert name.split(".")[0] not in FORBIDDEN, f"{path.name} imports {name}"
+                assert name.split(".")[0] not in forbidden, f"{folder}/{path.name} imports {name}"
+
+
+def test_index_imports_stay_below_models_and_storage():
+    _imports_of("index", FORBIDDEN)
+
+
+def test_safefiles_imports_nothing_of_ours():
+    _imports_of("safefiles", FORBIDDEN | {"index", "safefiles"})

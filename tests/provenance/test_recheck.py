@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from tieredkv.errors import DomainMismatchError
+from tieredkv.provenance.domain import domain_id
 from tieredkv.provenance.recheck import RecheckError, plan_for, recheck, verify_outputs
 
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
@@ -60,6 +61,7 @@ def _as_if_made_elsewhere(report: dict) -> dict:
     the same relations per row)."""
     other = copy.deepcopy(report)
     other["domain"].update(cpu=AMD, cpu_capability="AVX2")
+    other["domain_id"] = domain_id(other["domain"])
     for row in other["rows"]:
         fresh = hashlib.sha256(("amd" + row["fresh_logits_sha256"]).encode()).hexdigest()
         row["grafted_logits_sha256"] = fresh if row["sha256_equal"] else \
@@ -74,7 +76,8 @@ def test_recheck_reproduces_a_fresh_verify_report(verify_report, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "hash-equal: 10/10" in out  # corpus + 3 samples x (input, fresh, grafted)
-    assert "relation-only: 3/3 hold" in out and "claims: 11/11 hold" in out
+    # claims: 11 flags and summaries, 4 identity fields (fingerprint, domain id), 3 x 3 row fields
+    assert "relation-only: 3/3 hold" in out and "claims: 24/24 hold" in out
     assert "domain: the same as the report's" in out and "RESULT: the report holds\n" in out
     assert "DIFFERS" not in out
 
@@ -133,7 +136,7 @@ def test_case9_a_report_from_another_cpu_is_rechecked_by_relations(verify_report
     assert any(d.startswith("cpu: ") and AMD in d for d in result.domain_differences)
     assert result.count("hash") == (4, 4)  # corpus and the inputs: the same in any domain
     assert result.count("relation") == (3, 3)  # grafted == fresh in every re-run row
-    assert result.count("domain-specific") == (0, 6)  # logits hashes: not evidence either way
+    assert result.count("domain-specific") == (0, 10)  # logits hashes, domain and artifact ids: not evidence
     from tieredkv.provenance.recheck import format_table
 
     text = format_table(result)
@@ -155,6 +158,7 @@ def test_case9_an_older_report_names_what_it_did_not_record(verify_report, tmp_p
     older = copy.deepcopy(verify_report)
     for field in ("cpu", "cpu_capability", "blas", "onednn", "cuda"):
         older["domain"].pop(field)
+    older["domain_id"] = domain_id(older["domain"])  # what the older build recorded for its own domain
     del older["seed"], older["continuation"]
     plan = plan_for(older)
     cont = max(r["continuation_tokens"] for r in older["rows"])
@@ -186,7 +190,8 @@ def test_verify_reports_record_every_parameter(verify_report):
 
 def test_a_rerun_with_another_model_is_refused_unless_allowed(verify_report, tmp_path):
     other = copy.deepcopy(verify_report)
-    other["domain"]["fingerprint"] = "f" * 64  # only the re-run (which loads the model) can see this
+    other["domain"]["fingerprint"] = other["model_fingerprint"] = "f" * 64  # only the re-run can see this
+    other["domain_id"] = domain_id(other["domain"])
     path = _write(tmp_path, other)
     with pytest.raises(DomainMismatchError, match="another recipe"):
         recheck(path, runner=_rerun_of(verify_report))

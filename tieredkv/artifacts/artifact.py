@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -29,6 +30,7 @@ from tieredkv.artifacts.record import Artifact, artifact_id
 from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
 from tieredkv.models.loading import LoadedModel, forward_for
+from tieredkv.models.token_ids import check_token_ids
 from tieredkv.engine.schedule import canonical_chunks
 
 STORE_FINGERPRINT_META = "model_fingerprint"
@@ -47,16 +49,36 @@ def store_fingerprint(store) -> str | None:
 
 
 def bind_store(store: PageStore, lm: LoadedModel) -> None:
-    """A store holds one model's pages: record the fingerprint on first use, refuse another model after."""
+    """A store holds one model's pages: record the fingerprint on first use, refuse another model after.
+    NOTE: the first binding is a compare-and-set, so of two models depositing into a new store at once
+    one binds it and the other is refused."""
     recorded = store_fingerprint(store)
     if recorded is None:
-        store.set_meta(STORE_FINGERPRINT_META, lm.fingerprint)
-    elif recorded != lm.fingerprint:
+        recorded = store.set_meta_if_absent(STORE_FINGERPRINT_META, lm.fingerprint)
+    if recorded != lm.fingerprint:
         raise ModelMismatchError(f"store {store.path}", recorded, lm.fingerprint)
 
 
+@dataclass(frozen=True)
+class DepositOptions:
+    """A deposit's settings, validated on construction: the one check for `deposit()` and the CLI alike."""
+
+    page_size: int | None = None  # tokens per page; None: the model's default
+    name: str = ""  # a label; the artifact id, not the name, is what identifies the pages
+
+    def __post_init__(self) -> None:
+        from tieredkv.engine.tiered_config import MAX_PAGE_SIZE, check_ints
+
+        check_ints(self, {"page_size": (1, MAX_PAGE_SIZE)})
+        if not isinstance(self.name, str):
+            raise ValueError(f"DepositOptions.name must be a str, got {type(self.name).__name__}")
+
+
 def encode_source(lm: LoadedModel, source: str | Sequence[int]) -> list[int]:
-    ids = lm.codec.encode(source) if isinstance(source, str) else [int(i) for i in source]
+    """Text through the model's tokenizer, token ids through the same check as `TieredModel.ingest`."""
+    if not isinstance(source, str):
+        return check_token_ids(source, lm.model, "deposit", "or pass the text itself")
+    ids = lm.codec.encode(source)
     if not ids:
         raise EmptyInputError("nothing to deposit: the text is empty")
     return ids
@@ -136,9 +158,10 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     contract makes both give the same bytes, so a deposit that extends an earlier one costs only
     its new tokens.
     """
+    options = DepositOptions(page_size, name)
     ids = encode_source(lm, source)
     bind_store(store, lm)
-    page_size = page_size or lm.default_page_size
+    page_size = options.page_size or lm.default_page_size
     fp = lm.fingerprint
     domain = determinism_domain(lm.model, fp, page_size)
     chunks = list(canonical_chunks(0, len(ids), page_size))

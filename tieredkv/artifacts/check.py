@@ -60,7 +60,11 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
         damage.append(f"store {store.path} is bound to model {bound[:16]}…, but {len(other_model)} of its artifacts "
                       f"({', '.join(other_model[:3])}) were made by another: its model_fingerprint meta was altered")
     forged = [r["artifact"] for r in recomputed if r.get("mismatches")]
-    healthy = not (report["corrupt"] or corrupt_manifests or incomplete or broken_chains or damage or forged)
+    # NOTE: asked to recompute, an artifact that could not be is not verified: hashes alone cannot catch
+    # forged K/V (a file whose every hash was recomputed), so it is never part of a healthy verdict
+    not_verified = {r["artifact"]: r["skipped"] for r in recomputed if "skipped" in r}
+    healthy = not (report["corrupt"] or corrupt_manifests or incomplete or broken_chains or damage or forged
+                   or not_verified)
     return {
         "store": store.path,
         "sample": sample,
@@ -75,10 +79,11 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
         "incomplete_artifacts": incomplete,
         "broken_chains": broken_chains,
         "store_damage": damage,
-        **({} if recompute is None else {"recompute": _recompute_summary(recomputed, recompute[1])}),
+        **({} if recompute is None else {"recompute": _recompute_summary(recomputed, recompute[1]),
+                                         "not_verified": not_verified}),
         "commit_record": store.lmdb_tier.record_note or "matches the store",
         "healthy": healthy,
-        "hint": _hint(healthy, damage, forged),
+        "hint": _hint(healthy, damage, forged, not_verified),
     }
 
 
@@ -132,12 +137,17 @@ def _recompute_summary(rows: list[dict[str, Any]], fraction: float) -> dict[str,
             "forged_artifacts": [r["artifact"] for r in rows if r.get("mismatches")], "artifacts": rows}
 
 
-def _hint(healthy: bool, damage: list[str], forged: list[str]) -> str:
+def _hint(healthy: bool, damage: list[str], forged: list[str], not_verified: dict[str, str]) -> str:
     if healthy:
         return "every checked page and manifest verified, and the store matches its commit record"
     if forged:
         return (f"{len(forged)} artifacts hold pages that do not reproduce with this model in their own domain "
                 "(forged, or made by other software): do not graft them; delete them and deposit them again")
+    if not_verified:
+        first, why = next(iter(not_verified.items()))
+        return (f"{len(not_verified)} artifacts were NOT verified: they could not be recomputed here ({first}: "
+                f"{why}); their hashes hold, but only recomputing their pages shows the K/V are the model's — "
+                "recompute them with their model in their domain, or ingest their documents again")
     if damage:
         return f"the store does not match its commit record: nothing more is written to it — {REBUILD_HINT}"
     return ("corrupt bytes were quarantined and will not be served; re-import the affected artifacts from "

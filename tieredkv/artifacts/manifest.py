@@ -16,7 +16,7 @@ or certified.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 from paging import ROOT_KEY, Page, PageStore
 from paging.errors import CorruptPageError, StoreIntegrityError

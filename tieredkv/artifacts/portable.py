@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
-from index.atomic_file import AtomicFile
-from index.atomic_file import check_target as _check_target
+from safefiles import AtomicFile
+from safefiles import check_target as _check_target
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from paging.page import is_valid_page
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
@@ -306,6 +306,6 @@ def _prefetch(items: Iterator[T], depth: int = _PREFETCH_DEPTH) -> Iterator[T]:
 
 
 def check_target(path: Path) -> None:
-    """Refuse to replace anything but a regular file (index.atomic_file.check_target)."""
+    """Refuse to replace anything but a regular file (safefiles.check_target)."""
     _check_target(path, ArtifactWriteError)
 

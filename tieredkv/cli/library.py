@@ -49,7 +49,7 @@ def cmd_solve(args) -> int:
 def cmd_list(args) -> int:
     from tieredkv.library.entries import LibraryIndex
 
-    with open_store(args.store, must_exist=True) as store:
+    with open_store(args.store, must_exist=True, readonly_fallback=True) as store:
         index = LibraryIndex(store, args.library)
         entries = index.entries()
         version = index.version

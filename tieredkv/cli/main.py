@@ -105,7 +105,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_stats(args) -> int:
-    with _open_store(args.store, must_exist=True) as store:
+    with _open_store(args.store, must_exist=True, readonly_fallback=True) as store:
         st = store.stats()
         st["artifacts"] = store.list_manifests()
     _print(st)

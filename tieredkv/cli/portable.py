@@ -5,7 +5,8 @@
     tieredkv check  --store DIR [--sample FRACTION] [--seed N] [--recompute FRACTION --model NAME]
 
 `check` exits 1 when it finds corrupt pages or manifests, artifacts whose pages are gone
-(quarantined earlier) or do not chain, pages that do not reproduce (--recompute), or a store
+(quarantined earlier) or do not chain, pages that do not reproduce (--recompute), artifacts that
+--recompute could not recompute here (not verified: the reason is given), or a store
 that does not match its commit record (rolled back): the store cannot serve them until they are
 re-imported or re-deposited.
 """
@@ -28,7 +29,7 @@ def cmd_export(args) -> int:
     from tieredkv.progress import count_bar
 
     to_stdout = args.output == "-"
-    with open_store(args.store, must_exist=True) as store, \
+    with open_store(args.store, must_exist=True, readonly_fallback=True) as store, \
             count_bar("export", None, unit="page", quiet=args.quiet or to_stdout) as bar:
         summary = export_artifact(store, args.artifact, sys.stdout.buffer if to_stdout else args.output, progress=bar)
     summary = {**summary, "store": str(args.store)}
@@ -132,7 +133,7 @@ def _check_here(args) -> int:
 
     opened = False
     try:
-        with open_store(args.store, must_exist=True, allow_damaged=True) as store:
+        with open_store(args.store, must_exist=True, allow_damaged=True, readonly_fallback=True) as store:
             opened = True
             bound = store_fingerprint(store) if lm is not None else None
             if bound is not None and bound != lm.fingerprint:  # it could recompute nothing, and say healthy

@@ -9,7 +9,6 @@ The model's own `forward()` / `generate()` run unchanged; attention sees a bound
 """
 from __future__ import annotations
 
-import operator
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -18,15 +17,16 @@ import numpy as np
 import torch
 
 from index import IndexStaleError, PageIndex
-from index.atomic_file import AtomicFile
+from safefiles import AtomicFile
 from paging import PageLayout, PageStore
 from tieredkv.engine import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
 from tieredkv.artifacts.manifest import read_back
 from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
-from tieredkv.errors import (ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError, TokenIdsError,
-                             TornContextError, UnsupportedModelError)
+from tieredkv.errors import (ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError, TornContextError,
+                             UnsupportedModelError)
 from tieredkv.models.loading import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
+from tieredkv.models.token_ids import check_token_ids
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.schedule import canonical_chunks
 from tieredkv.engine.tiered_cache import TieredCache, page_summaries
@@ -36,12 +36,6 @@ from tieredkv.engine.working_set import Span
 
 # generate()'s own arguments to the model's generate (given twice, they were a bare TypeError)
 GREEDY_ONLY = frozenset({"do_sample", "past_key_values", "attention_mask", "pad_token_id", "max_length"})
-
-
-def _as_id(i) -> int:
-    if isinstance(i, bool):
-        raise TypeError("a bool is not a token id")
-    return operator.index(i)  # an int, numpy int or 0-d integer tensor; floats and strings raise TypeError
 
 
 def working_set_bytes(lm: LoadedModel, config: TieredConfig) -> int:
@@ -133,23 +127,7 @@ class TieredModel:
 
     def _token_ids(self, ids, what: str) -> list[int]:
         """`ids` as a list of ints of this model's vocabulary; else a typed error that says what to pass."""
-        if isinstance(ids, (str, bytes, bytearray)):
-            raise TokenIdsError(f"{what} takes token ids, got {type(ids).__name__}: encode text first "
-                                "(tm.encode(text))")
-        try:
-            out = [_as_id(i) for i in ids]
-        except TypeError as exc:
-            raise TokenIdsError(f"{what} takes a flat sequence of int token ids ({exc}); encode text with "
-                                "tm.encode(text)") from None
-        if not out:
-            raise EmptyInputError(f"nothing to {what}: no token ids")
-        vocab = self.model.get_input_embeddings().num_embeddings
-        lo, hi = min(out), max(out)
-        if lo < 0 or hi >= vocab:
-            bad = lo if lo < 0 else hi
-            raise TokenIdsError(f"{what}: token id {bad} is outside this model's vocabulary (0..{vocab - 1}); "
-                                "encode text with this model's tokenizer (tm.encode(text))")
-        return out
+        return check_token_ids(ids, self.model, what, "tm.encode(text)")
 
     def _check_positions(self, extra: int) -> None:
         if self.cache.torn:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from index.atomic_file import AtomicFile
+from safefiles import AtomicFile
 
 FORMAT = 1  # NOTE: bump together with the fingerprint's own scheme (tieredkv-fingerprint-v1)
 _OWN_PREFIX = "tieredkv-"

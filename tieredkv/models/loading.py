@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from safefiles import AtomicFile, UnsafeFileError, open_regular, read_regular
 from tieredkv.errors import ModelCacheError, ModelNotFoundError, UnsupportedModelError
 from tieredkv.models import fingerprint_cache
 from tieredkv.models.hub import hub_snapshot, is_hub_id
@@ -48,6 +49,7 @@ TINY_PAGE_SIZE = 32
 HF_PAGE_SIZE = 128  # local directories, hub ids and models already in memory
 MANIFEST = "tieredkv-manifest.json"
 _OWN_PREFIX = "tieredkv-"  # our files inside a converted copy (manifest, fingerprints): not part of the model
+_MAX_JSON_BYTES = 16 << 20  # our own JSON files in a converted copy (file hashes, a fingerprint)
 _CONVERTED_BYTES = 600 * 2**20  # float32 safetensors (513 MiB) and tokenizer files, with room to spare
 _ABANDONED_S = 3600  # a conversion takes under a minute; a temporary directory this old was abandoned
 _LEGACY_COPY = re.compile(r"smollm2-\d+-\d+(\.torch\.\w+\.fingerprint)?")  # keyed by the GGUF's size and mtime
@@ -215,9 +217,10 @@ def _check_room(models: Path) -> None:
                               f"{_CONVERTED_BYTES / 2**20:.0f} MiB: free some space or {where}")
 
 
-def _file_sha256(path: Path) -> str:
+def _file_sha256(path: Path, *, regular: bool = False) -> str:
+    """SHA-256 of `path`; `regular`: refuse anything but a regular file reached without a symlink."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with (os.fdopen(open_regular(path), "rb") if regular else open(path, "rb")) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -227,11 +230,11 @@ def _hash_files(directory: Path) -> dict[str, str | None]:
     """SHA-256 of every entry of a converted copy but our own (None for one that is not a readable file)."""
     hashes: dict[str, str | None] = {}
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if entry.name.startswith(_OWN_PREFIX):
+        if entry.name.startswith((_OWN_PREFIX, "." + _OWN_PREFIX)):  # (and their temp files)
             continue
         try:
-            hashes[entry.name] = _file_sha256(Path(entry.path)) if entry.is_file(follow_symlinks=False) else None
-        except OSError:
+            hashes[entry.name] = _file_sha256(Path(entry.path), regular=True)
+        except OSError:  # (UnsafeFileError too: a symlink, a FIFO or a directory is not a file of the copy)
             hashes[entry.name] = None
     return hashes
 
@@ -241,17 +244,21 @@ def _content_digest(hashes: dict[str, str | None]) -> str:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in `path`, None if it is missing or not JSON; a file that is not a regular one (a FIFO would
+    hang the load, a symlink point anywhere) is a ModelCacheError that says to remove the copy."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_regular(path, _MAX_JSON_BYTES))
+    except UnsafeFileError as exc:
+        raise ModelCacheError(f"{exc} (the converted copy {path.parent} was tampered with: delete that directory "
+                              "and the next load converts the model again)") from None
     except (OSError, ValueError):
         return None
 
 
 def _write_json(path: Path, value: Any) -> None:
     """Write whole or not at all: readers never see half a file."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(value, sort_keys=True, indent=1) + "\n")
-    tmp.replace(path)
+    with AtomicFile(path) as f:
+        f.write((json.dumps(value, sort_keys=True, indent=1) + "\n").encode())
 
 
 def _verified_content(converted: Path) -> str | None:

@@ -47,6 +47,8 @@ from tieredkv.provenance.recheck_verify import is_verify_report, verify_items, v
 
 # Domain fields that name the recipe (which model, how it is run) rather than the machine.
 RECIPE_FIELDS = ("fingerprint", "dtype", "attn_implementation", "page_size", "tieredkv_format")
+MAX_REPORT_BYTES = 64 << 20  # a verify report of the largest sample count is a few MiB
+MAX_REPORT_DEPTH = 32  # reports nest a few levels (report -> rows -> row -> domain)
 
 
 @dataclass
@@ -81,14 +83,36 @@ def load_report(path: Path) -> dict[str, Any]:
         raise RecheckError(f"{path} is a directory; give a report JSON file")
     if not path.is_file():
         raise RecheckError(f"{path} does not exist or is not a regular file; give a report JSON file")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_REPORT_BYTES + 1)
+    if len(raw) > MAX_REPORT_BYTES:
+        raise RecheckError(f"{path} is larger than {MAX_REPORT_BYTES >> 20} MiB, more than any report holds; give "
+                           "the report JSON file")
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RecheckError(f"{path} is not JSON: {' '.join(str(e).split())}") from None
+        report = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        why = f"nested deeper than {MAX_REPORT_DEPTH} levels" if isinstance(e, RecursionError) else \
+            f"not JSON: {' '.join(str(e).split())}"
+        raise RecheckError(f"{path} is {why}; give a report JSON file") from None
+    if _depth(report) > MAX_REPORT_DEPTH:
+        raise RecheckError(f"{path} is nested deeper than {MAX_REPORT_DEPTH} levels, which no report is; give a "
+                           "report JSON file")
     if not isinstance(report, dict):
         raise RecheckError(f"{path} holds a JSON {type(report).__name__}, not a report object; see "
                            "docs/LIBRARY.md (Reports) for the convention")
     return report
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` nests lists and objects (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_REPORT_DEPTH:
+                stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def plan_for(report: dict[str, Any]) -> Plan:

@@ -6,8 +6,8 @@ killed writer leaves only its temp file (never a torn ``p``), which the next wri
 Only a regular file (or nothing) is ever replaced: os.replace over a symlink, FIFO or device node
 would swap the node itself (as root, ``-o /dev/null`` would replace the system's /dev/null).
 
-Used by the index files here and by portable artifact files (tieredkv.artifacts.portable); it lives
-at the lowest layer so both can share it.
+Used by the index files (index/), the store's commit record (paging/) and portable artifact files
+(tieredkv.artifacts.portable); it lives in this neutral package, below all three, so they share it.
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ def fsync_dir(directory: Path) -> None:
 class AtomicFile:
     """``with AtomicFile(p, error=E) as f``: write ``p`` whole or not at all (see the module doc)."""
 
-    def __init__(self, path: str | os.PathLike, error: type[Exception] = OSError) -> None:
+    def __init__(self, path: str | os.PathLike, error: type[Exception] = OSError, *, durable: bool = True) -> None:
         self.path = Path(path)
         self.error = error
+        self.durable = durable  # False: no fsync (a crash may leave the previous file, never a torn one)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
     def __enter__(self):
@@ -92,12 +93,14 @@ class AtomicFile:
         try:
             if exc_type is None:
                 self.f.flush()
-                os.fsync(self.f.fileno())
+                if self.durable:
+                    os.fsync(self.f.fileno())
             self.f.close()
             if exc_type is None:
                 check_target(self.path, self.error)
                 os.replace(self.tmp, self.path)
-                fsync_dir(self.path.parent)
+                if self.durable:
+                    fsync_dir(self.path.parent)
         except self.error:
             self._discard()
             raise
