@@ -486,7 +486,8 @@ class LMDBTier(Tier):
         if new <= cur:
             raise StoreFullError(
                 f"LMDB map of {self.path} is full at max_map_size={cur} bytes; nothing was "
-                f"written — raise max_map_size, delete pages, or use a new store")
+                f"written — raise max_map_size, remove documents (`tieredkv rm`, which keeps the pages other "
+                f"documents share; never remove pages by hand), or use a new store")
         try:
             self._env.set_mapsize(new)
         except lmdb.Error as exc:

@@ -176,3 +176,42 @@ def test_disk_cap_evicts_the_least_recently_used_document(lm, tmp_path):
             with pytest.raises(StoreFullError, match="max_disk_bytes"):
                 deposit(lm, PREFIX + ENDINGS[0], store, page_size=PAGE_SIZE, name="doc0")
             assert store.lmdb_tier.nbytes == held
+
+
+def graft_and_answer(tm, art) -> list[int]:
+    tm.graft(art)
+    return tm.generate(CONT, max_new_tokens=4)
+
+
+def test_tiered_model_ingest_under_a_disk_cap_evicts_the_lru_document_not_in_use(lm, tmp_path):
+    from tieredkv.engine.tiered_config import TieredConfig
+    from tieredkv.engine.tiered_model import TieredModel
+
+    cfg = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1)
+    docs = [PREFIX + end for end in ENDINGS]
+    path = tmp_path / "s"
+    with PageStore(path, store_config()) as store:
+        tm = TieredModel(lm, store, cfg)
+        arts = [tm.ingest(docs[i], name=f"doc{i}") for i in (0, 1)]
+        answers = {i: graft_and_answer(tm, arts[i]) for i in (0, 1)}
+        page_nb = store.lmdb_tier.nbytes // 6  # 2 shared + 2 x 2 own pages
+        tm.close()
+    indexes = path / "indexes"
+    with PageStore(path, store_config(max_disk_bytes=6 * page_nb)) as store:
+        tm = TieredModel(lm, store, cfg)
+        store.mark_used(arts[0].artifact_id)
+        store.mark_used(arts[1].artifact_id)  # doc0 is the least recently used, but in use
+        with store.in_use(arts[0].artifact_id):
+            third = tm.ingest(docs[2], name="doc2")
+        assert [d.name for d in store.list_documents()] == ["doc0", "doc2"]
+        assert store.lmdb_tier.nbytes <= 6 * page_nb and store.stats()["disk_cap"]["documents_evicted"] == 1
+        assert not list(indexes.glob(f"{arts[1].artifact_id}.*")) and list(indexes.glob(f"{third.artifact_id}.*"))
+        assert graft_and_answer(tm, arts[0]) == answers[0]
+        assert check_store(store)["healthy"]
+        # doc1 is a clean miss: ingested again (evicting doc0, now the least recently used), same pages, same answer
+        store.mark_used(third.artifact_id)
+        again = tm.ingest(docs[1], name="doc1")
+        assert again.artifact_id == arts[1].artifact_id
+        assert [d.name for d in store.list_documents()] == ["doc2", "doc1"]
+        assert graft_and_answer(tm, again) == answers[1]
+        tm.close()
