@@ -226,7 +226,7 @@ class Documents:
             raise DocumentNotFoundError(f"no document {artifact_id!r} in store {self._store.path}; `tieredkv ls` "
                                         "lists them")
         if freed.unreadable:
-            log.warning("tieredkv: %d manifests of %s do not read (%s): no page was freed; run `tieredkv check`, "
+            log.warning("%d manifests of %s do not read (%s): no page was freed; run `tieredkv check`, "
                         "then `tieredkv gc`", len(freed.unreadable), self._store.path, ", ".join(freed.unreadable[:3]))
         files = self._derived_files(artifact_id)
         if not dry_run:
@@ -278,7 +278,7 @@ class Documents:
             self.num_evicted += 1
             self.bytes_evicted += removal.nbytes
             evicted.append(victim.artifact_id)
-            log.info("tieredkv: evicted document %s (%r, last used %s): %d pages, %d bytes freed, to fit %d bytes "
+            log.info("evicted document %s (%r, last used %s): %d pages, %d bytes freed, to fit %d bytes "
                      "under max_disk_bytes=%d", victim.artifact_id, victim.name, _when(victim.last_used),
                      removal.num_pages, removal.nbytes, extra_bytes, cap)
         return evicted

@@ -4,12 +4,14 @@ Real LMDB and a tiny random model: three documents share their first pages (one 
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
-from paging import PageStore, StoreFullError
+from paging import PageStore, PagingError, StoreFullError
 from paging.documents import DocumentInUseError, DocumentNotFoundError
-from testkit.faults import PAGE_SIZE, corpus_text, store_config
+from testkit.faults import PAGE_SIZE, corpus_text, flip_lmdb_value_bit, store_config
 from testkit.graft_child import continuation_logits
 from tieredkv.artifacts.artifact import deposit, graft, grafted_token_ids
 from tieredkv.artifacts.check import check_store
@@ -146,7 +148,24 @@ def test_a_missing_page_is_reported_as_missing_not_corrupt(lm, tmp_path):
         assert cli["hint"] == py["hint"]
 
 
-def test_disk_cap_evicts_the_least_recently_used_document(lm, tmp_path):
+def test_while_a_manifest_does_not_read_no_page_is_freed(lm, tmp_path):
+    path = tmp_path / "s"
+    with PageStore(path, store_config()) as store:
+        arts = three_documents(lm, store)
+        held = store.lmdb_tier.nbytes
+    flip_lmdb_value_bit(path, arts[0].artifact_id, 8 * 100, db="manifests")  # which pages doc0 lists is unknown
+    with PageStore(path, store_config()) as store:
+        with pytest.raises(PagingError, match="nothing was collected"):
+            store.gc()
+        removal = store.delete_document(arts[1].artifact_id)  # the manifest goes, every page stays
+        assert removal.num_pages == 0 and store.lmdb_tier.nbytes == held
+        assert store.list_manifests() == sorted([arts[0].artifact_id, arts[2].artifact_id])
+        store.delete_document(arts[0].artifact_id)  # the damaged one can be removed; then gc frees what is free
+        assert store.gc().num_pages == 4 and check_store(store)["healthy"]
+
+
+def test_disk_cap_evicts_the_least_recently_used_document(lm, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tieredkv")
     path = tmp_path / "s"
     with PageStore(path, store_config()) as store:
         arts = three_documents(lm, store)
@@ -161,6 +180,7 @@ def test_disk_cap_evicts_the_least_recently_used_document(lm, tmp_path):
         assert [d.name for d in store.list_documents()] == ["doc0", "doc2"]
         assert store.lmdb_tier.nbytes <= cap
         assert store.stats()["disk_cap"]["documents_evicted"] == 1 and store.stats()["tiers"]["lmdb"]["evictions"] == 1
+        assert f"evicted document {arts[1].artifact_id} ('doc1'" in caplog.text
         assert answer_sha(lm, store, arts[0]) == before[0]
         with pytest.raises(ArtifactNotFoundError):
             graft(lm, arts[1], store)  # a clean miss, nothing wrong served
