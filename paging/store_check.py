@@ -18,7 +18,7 @@ from .errors import (
     ManifestNotFoundError,
     PageNotFoundError,
 )
-from .framing import strict_json
+from .framing import is_int, strict_json
 
 if TYPE_CHECKING:
     from .store import PageStore
@@ -56,6 +56,8 @@ def check_pages_and_documents(store: PageStore, sample: float = 1.0, seed: int =
         try:
             data = store.get_manifest(artifact_id)
             keys, num_tokens = pages_of(data), strict_json(data).get("tokens")
+            if not is_int(num_tokens):
+                raise ValueError("no token count")
         except (CorruptPageError, ManifestNotFoundError, ValueError, UnicodeDecodeError, RecursionError):
             corrupt_manifests.append(artifact_id)
             continue
@@ -87,9 +89,10 @@ def finish(store: PageStore, report: dict[str, Any], forged: list[str] = ()) -> 
     return report
 
 
-def chain_problem(store: PageStore, keys: list[str], num_tokens: Any, seen: dict,
+def chain_problem(store: PageStore, keys: list[str], num_tokens: int | None, seen: dict,
                   fingerprint: str | None = None) -> str | None:
-    """Why the pages `keys` do not form one chain of `num_tokens` tokens (None if they do): each page's
+    """Why the pages `keys` do not form one chain of `num_tokens` tokens (None: any count), or None if they
+    do: each page's
     parent is the page before it, at the next position, all with one fingerprint (`fingerprint` when given).
     Each page is read once per check (`seen` keeps the headers)."""
     parent, pos = "0" * 64, 0
@@ -109,4 +112,5 @@ def chain_problem(store: PageStore, keys: list[str], num_tokens: Any, seen: dict
         if p_parent != parent or p_start != pos or p_fp != fingerprint:
             return f"page {key} does not follow the page before it (parent, position or fingerprint differs)"
         parent, pos = key, pos + n
-    return None if pos == num_tokens else f"its pages hold {pos} tokens, the manifest says {num_tokens}"
+    return None if num_tokens is None or pos == num_tokens else \
+        f"its pages hold {pos} tokens, the manifest says {num_tokens}"
