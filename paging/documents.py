@@ -132,7 +132,11 @@ class Documents:
             return  # NOTE: a read-only or damaged store is read as it is; its LRU order is not kept
         now = time.time() if now is None else now
         usage = self.usage(artifact_id) or {"created": now}
-        self._store.set_meta(USAGE_PREFIX + artifact_id, json.dumps({**usage, "last_used": now}))
+        try:
+            self._store.set_meta(USAGE_PREFIX + artifact_id, json.dumps({**usage, "last_used": now}))
+        except PagingError as exc:  # NOTE: bookkeeping: a store that takes no write now still serves the read
+            log.warning("the use of document %s was not recorded (%s); its place in the eviction order is older "
+                        "than it is", artifact_id, exc)
 
     def mark_created(self, artifact_id: str) -> None:
         if not self.usage(artifact_id):

@@ -362,13 +362,13 @@ def graft(lm: LoadedModel, artifact: Artifact | str, store: PageStore, *, allow_
     art = load_artifact(store, artifact) if isinstance(artifact, str) else require_stored(store, artifact)
     if art.fingerprint != lm.fingerprint:
         raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, lm.fingerprint)
-    store.mark_used(art.artifact_id)
     current = determinism_domain(lm.model, lm.fingerprint, art.page_size)
     check_domain(art.domain, current, allow_mismatch=allow_domain_mismatch, what=f"artifact {art.artifact_id}")
     restored = restore_artifact(store, art, buffer=buffer)
     cache = cache if cache is not None else DynamicCache(config=lm.model.config)
     install_kv(cache, restored.kv, lm.model.device)
     cache.tieredkv_artifact = art
+    store.mark_used(art.artifact_id)  # the LRU order a size cap evicts in (paging/documents.py)
     return cache
 
 
