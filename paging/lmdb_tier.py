@@ -58,6 +58,17 @@ _RESTORE_HINT = (f"{REBUILD_HINT}; if this state is intended (an older backup pu
 _PAGE_KEY = re.compile(rb"[0-9a-f]{64}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Freed:
+    """What `LMDBTier.free_unreferenced` did: whether the manifest was there, the pages freed (payload
+    bytes), and the remaining manifests it could not read (while there are any, no page is freed)."""
+
+    found: bool
+    page_keys: tuple[str, ...]
+    nbytes: int
+    unreadable: tuple[str, ...]
+
+
 def _is_page_key(raw: bytes) -> bool:
     return _PAGE_KEY.fullmatch(raw) is not None
 
@@ -536,7 +547,8 @@ class LMDBTier(Tier):
         if new <= cur:
             raise StoreFullError(
                 f"LMDB map of {self.path} is full at max_map_size={cur} bytes; nothing was "
-                f"written — raise max_map_size, delete pages, or use a new store")
+                f"written — raise max_map_size, remove documents (`tieredkv rm`, which keeps the pages other "
+                f"documents share; never remove pages by hand), or use a new store")
         try:
             self._env.set_mapsize(new)
         except lmdb.Error as exc:
@@ -809,6 +821,59 @@ class LMDBTier(Tier):
     def delete_manifest(self, artifact_id: str) -> bool:
         k = self._id(artifact_id)
         return self._write(lambda txn: txn.delete(k, db=self._dbs["manifests"]), forget_manifest=artifact_id)
+
+    def free_unreferenced(self, artifact_id: str | None, pages_of: Callable[[bytes], Sequence[str]], *,
+                          keep: frozenset[str] = frozenset(), meta_names: Sequence[str] = (),
+                          dry_run: bool = False) -> Freed:
+        """In one write transaction: delete manifest `artifact_id` (None: none, a garbage collection) and the
+        meta entries `meta_names`, then the pages no remaining manifest lists and `keep` does not hold: the
+        deleted manifest's pages, or with `artifact_id` None every stored page.
+
+        `pages_of(manifest data)` lists a manifest's page keys (ValueError if it cannot tell). NOTE: the
+        reference counts are derived from the manifests inside the transaction that frees the pages (the
+        writer lock keeps other writers' manifests out meanwhile), never kept as counters that could drift;
+        while a remaining manifest cannot be read no page is freed (its references are unknown).
+        `dry_run`: the same answer from a read transaction, nothing changed.
+        """
+        aid = None if artifact_id is None else self._id(artifact_id)
+
+        def txn_fn(txn: lmdb.Transaction) -> Freed:
+            referenced, unreadable, candidates = set(keep), [], None
+            for k, raw in txn.cursor(db=self._dbs["manifests"]):
+                data = open_value(raw)
+                try:
+                    keys = pages_of(data) if data is not None else None
+                except ValueError:
+                    keys = None
+                if k == aid:
+                    candidates = set(keys or ())
+                elif keys is None:
+                    unreadable.append(_key_text(k))
+                else:
+                    referenced.update(keys)
+            if aid is None:
+                candidates = {k.decode("ascii") for k in txn.cursor(db=self._dbs["pages"]).iternext(values=False)
+                              if _is_page_key(k)}
+            freed, nbytes = [], 0
+            for key in sorted((candidates or set()) - referenced) if not unreadable else ():
+                raw = txn.get(key.encode(), db=self._dbs["pages"])
+                if raw is None:
+                    continue
+                freed.append(key)
+                nbytes += body_len(raw)
+                if not dry_run:
+                    txn.delete(key.encode(), db=self._dbs["pages"])
+            found = candidates is not None
+            if not dry_run:
+                self._add_payload(txn, -nbytes)
+                if aid is not None:
+                    txn.delete(aid, db=self._dbs["manifests"])
+                for name in meta_names:
+                    txn.delete(name.encode("utf-8"), db=self._dbs["meta"])
+            return Freed(found, tuple(freed), nbytes, tuple(unreadable))
+        if dry_run:
+            return self._read(txn_fn)
+        return self._write(txn_fn, forget_manifest=artifact_id)
 
     def get_meta(self, name: str) -> str | None:
         raw = self._read(lambda txn: txn.get(name.encode("utf-8"), db=self._dbs["meta"]))

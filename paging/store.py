@@ -27,6 +27,7 @@ import psutil
 import torch
 
 from .device_tier import DeviceTier, tensors_nbytes
+from .documents import DocumentRecord, Documents, Removal
 from .framing import is_int
 from .errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, PagingError
 from .host_tier import HostTier
@@ -36,6 +37,7 @@ from .page import Page
 from .policy import LRUPolicy
 from .remote_tier import REMOTE_MODES, RemoteConfig, RemoteLink, RemoteTier, push_command
 from .restore import Restored, restore_pages
+from .tier_stats import TierCounters
 
 REMOTE_ENV = "TIEREDKV_REMOTE"
 
@@ -65,7 +67,11 @@ def _check_device(device: str) -> None:
 class StoreConfig:
     """Budgets and placement of a PageStore.
 
-    host_budget_bytes None means 25% of the memory psutil reports available at open.
+    host_budget_bytes: the host tier's cap in payload bytes; past it the least recently used host copies
+    are dropped (LMDB keeps every page). None means 25% of the memory psutil reports available at open.
+    max_disk_bytes: a cap on the page payload bytes kept in LMDB, or None for none. A write that would pass
+    it first evicts whole least-recently-used documents that are not in use (documents.py); a write that
+    cannot fit even so raises StoreFullError, nothing written.
     remote: a Redis/Valkey URL (see RemoteConfig.from_url) shared with other machines, or
     None for none; with remote_from_env=True a None remote is read from $TIEREDKV_REMOTE.
     remote_mode: "write-through" (send each put) or "write-back" (send in batches, before
@@ -77,6 +83,7 @@ class StoreConfig:
     device: str = "cpu"
     lmdb_map_size: int = 1 * _GiB
     lmdb_max_map_size: int | None = None
+    max_disk_bytes: int | None = None
     # NOTE: pages are large values stored contiguously, read whole: OS read-ahead makes cold reads
     # ~7x faster (64 -> 434 MiB/s on 4 MiB values, lab/2026-11-29-lmdb_readahead/). Turn it off only for a
     # store much larger than RAM read in small random pieces, where read-ahead would evict useful pages.
@@ -100,6 +107,8 @@ class StoreConfig:
             raise PagingError(f"device_budget_bytes must be an int >= 0, got "
                               f"{self.device_budget_bytes!r}")
         _check_device(self.device)
+        if self.max_disk_bytes is not None and not (is_int(self.max_disk_bytes) and self.max_disk_bytes > 0):
+            raise PagingError(f"max_disk_bytes must be None or an int > 0, got {self.max_disk_bytes!r}")
         if not (is_int(self.lmdb_map_size) and 0 < self.lmdb_map_size <= MAX_MAP_SIZE):
             raise PagingError(f"lmdb_map_size must be an int from 1 to {MAX_MAP_SIZE}, got {self.lmdb_map_size!r}; "
                               f"give a size this machine can map, e.g. {_GiB} (the map grows as needed)")
@@ -147,6 +156,10 @@ class PageStore:
         self._hash_pool: ThreadPoolExecutor | None = None
         self._hash_pool_lock = threading.Lock()
         self._closed = False
+        self._documents = Documents(self)
+        self._pending: set[str] = set()  # keys written or held for a manifest not written yet (never evicted)
+        self._pending_lock = threading.Lock()
+        self._counts = {name: TierCounters() for name in ("device", "host", "lmdb")}
         url = config.resolved_remote()
         if url is not None:
             try:
@@ -186,6 +199,7 @@ class PageStore:
         for victim in self._host_lru.victims(needed, self._host.size_of):
             self._host.remove(victim)
             self._host_lru.forget(victim)
+            self._counts["host"].evictions += 1
         if self._host.put(page):
             self._host_lru.touch(page.key)
 
@@ -196,6 +210,7 @@ class PageStore:
 
     def put(self, page: Page) -> None:
         """Persist `page` (idempotent; other bytes under its key -> PageConflictError)."""
+        self._make_room([page])
         self._lmdb.put(page)
         self._admit_host(page)
         if self._remote is not None:
@@ -205,6 +220,7 @@ class PageStore:
         """Persist `pages` in one LMDB transaction (all or nothing), then cache them in the host tier
         unless `admit` is False (a writer whose pages are read later, if ever, from LMDB)."""
         pages = list(pages)
+        self._make_room(pages)
         self._lmdb.put_many(pages)
         for page in pages if admit else ():
             self._admit_host(page)
@@ -272,14 +288,19 @@ class PageStore:
         page = self._host.get(key)
         if page is not None:
             self._host_lru.touch(key)
+            self._counts["host"].hit(page.nbytes)
             return page
+        self._counts["host"].miss()
         try:
             page = self._lmdb.get(key)
         except CorruptPageError:
             self._drop_copies(key)
             raise
         if page is not None:
+            self._counts["lmdb"].hit(page.nbytes)
             self._admit_host(page)
+        else:
+            self._counts["lmdb"].miss()
         return page
 
     def restore(self, keys: Iterable[str], *, buffer: torch.Tensor | None = None,
@@ -302,6 +323,7 @@ class PageStore:
     def touch_host(self, key: str) -> None:
         """A reader used the host copy of `key` (LRU order)."""
         self._host_lru.touch(key)
+        self._counts["host"].hit(self._host.size_of(key) if self._host.contains(key) else 0)
 
     def drop_corrupt(self, key: str, raw: bytes) -> None:
         """A reader found the LMDB bytes `raw` of `key` corrupt: quarantine them, drop cached copies."""
@@ -377,7 +399,9 @@ class PageStore:
         hit = self._device.get(dkey)
         if hit is not None:
             self._device_lru.touch(dkey)
+            self._counts["device"].hit(tensors_nbytes(hit))
             return hit[0], hit[1]
+        self._counts["device"].miss()
         k, v = self._load_layer(key, layer)
         size = tensors_nbytes((k, v))
         needed = self._device.nbytes + size - self._device.budget_bytes
@@ -388,6 +412,7 @@ class PageStore:
             for victim in victims:
                 self._device.remove(victim)
                 self._device_lru.forget(victim)
+                self._counts["device"].evictions += 1
         if self._device.put(dkey, (k, v)):
             self._device_lru.touch(dkey)
         return k, v
@@ -417,8 +442,11 @@ class PageStore:
 
     # -- manifests, meta, integrity -------------------------------------------------
     def put_manifest(self, artifact_id: str, data: bytes) -> None:
-        """Store a manifest locally, then on the remote after every queued page."""
+        """Store a manifest locally, then on the remote after every queued page; record its creation time
+        (documents.py) and release its pages from the keys held for it."""
         self._lmdb.put_manifest(artifact_id, data)
+        self._documents.mark_created(artifact_id)
+        self._release_held(data)
         if self._remote is not None:
             self._remote.put_manifest(artifact_id, data)
 
@@ -457,6 +485,7 @@ class PageStore:
         except ManifestNotFoundError:
             pass
         self._lmdb.put_manifest(artifact_id, data)
+        self._documents.mark_created(artifact_id)
 
     def list_manifests(self) -> list[str]:
         local = self._lmdb.list_manifests()
@@ -469,6 +498,84 @@ class PageStore:
         if self._remote is not None:
             deleted = self._remote.delete_manifest(artifact_id) or deleted
         return deleted
+
+    # -- documents (documents.py): list, remove, collect, pin, evict ----------------------------
+    def list_documents(self) -> list[DocumentRecord]:
+        """Every local document: name, id, tokens, pages, bytes (own bytes: what removing it frees), model
+        fingerprint, created and last-used times, whether it is in use; oldest first."""
+        return self._documents.list()
+
+    def find_document(self, ref: str) -> str:
+        """The id of the document `ref` names (id, unique id prefix or unique name); DocumentNotFoundError."""
+        return self._documents.find(ref)
+
+    def delete_document(self, artifact_id: str, *, dry_run: bool = False) -> Removal:
+        """Remove a document from the local store: its manifest, usage record, derived files
+        (<store>/indexes/<id>.*) and the pages no other document lists (shared prefix pages stay).
+        DocumentInUseError while pinned; DocumentNotFoundError if absent. A remote tier is left as it is."""
+        return self._documents.delete(artifact_id, dry_run=dry_run, keep=self.pending_keys())
+
+    def gc(self, *, dry_run: bool = False) -> Removal:
+        """Free the pages no document lists (and derived files of documents that are gone), except pages
+        this process holds for a manifest it has not written yet."""
+        return self._documents.gc(dry_run=dry_run)
+
+    def mark_used(self, artifact_id: str) -> None:
+        """Record that a document was used now (graft, open, ask): the LRU order eviction follows."""
+        self._documents.mark_used(artifact_id)
+
+    def pin(self, artifact_id: str, holder: object | None = None) -> None:
+        """Mark a document in use (never evicted nor removed) until `unpin`, or while `holder` lives."""
+        self._documents.pin(artifact_id, holder)
+
+    def unpin(self, artifact_id: str) -> None:
+        self._documents.unpin(artifact_id)
+
+    def is_in_use(self, artifact_id: str) -> bool:
+        return self._documents.is_in_use(artifact_id)
+
+    def in_use(self, artifact_id: str):
+        """`with store.in_use(id):` the document is pinned inside the block."""
+        return self._documents.in_use(artifact_id)
+
+    def evict_documents_to_fit(self, extra_bytes: int) -> list[str]:
+        """Evict least-recently-used documents not in use until `extra_bytes` more page bytes fit under
+        `max_disk_bytes` (nothing without a cap); returns the evicted ids, StoreFullError if they cannot."""
+        cap = self.config.max_disk_bytes
+        return [] if cap is None else self._documents.evict_to_fit(extra_bytes, cap, self.pending_keys())
+
+    def hold(self, keys: Iterable[str]) -> None:
+        """Keep pages a manifest about to be written will list (a deposit reusing stored ones) from eviction
+        and gc until that manifest is written."""
+        with self._pending_lock:
+            self._pending.update(keys)
+
+    def pending_keys(self) -> frozenset[str]:
+        with self._pending_lock:
+            return frozenset(self._pending)
+
+    def _release_held(self, manifest: bytes) -> None:
+        from .documents import pages_of
+
+        try:
+            keys = pages_of(manifest)
+        except ValueError:
+            return
+        with self._pending_lock:
+            self._pending.difference_update(keys)
+
+    def _make_room(self, pages: list[Page]) -> None:
+        """Under max_disk_bytes: hold the pages about to be written, evict documents until they fit."""
+        self.hold(p.key for p in pages)
+        if self.config.max_disk_bytes is not None:
+            new = [p for p in pages if not self._lmdb.contains(p.key)]
+            evicted = self.evict_documents_to_fit(sum(p.nbytes for p in new))
+            self._counts["lmdb"].evictions += len(evicted)
+
+    def forget_pages(self, keys: Iterable[str]) -> None:
+        """Drop cached copies (host, device, layer digests) of pages removed from LMDB."""
+        for key in keys:
+            self._drop_copies(key)
 
     def flush_remote(self) -> int:
         """Send pages and manifests queued for the remote (write-back, or after an outage);
@@ -486,11 +593,13 @@ class PageStore:
         return self._lmdb.set_meta_if_absent(name, value)
 
     def check(self, sample: float = 1.0, seed: int = 0) -> dict:
-        """Re-verify stored pages (see LMDBTier.check); drops cached copies of bad ones."""
-        report = self._lmdb.check(sample=sample, seed=seed)
-        for key in report["quarantined_keys"]:
-            self._drop_copies(key)
-        return report
+        """Re-verify a `sample` of the stored pages (corrupt ones quarantined, cached copies dropped), read every
+        manifest, walk each document's chain, compare the store with its commit record (store_check.py): the
+        report `tieredkv check` prints, less what needs the artifact format; `healthy`, and a `hint` per
+        kind of finding."""
+        from .store_check import check_pages_and_documents
+
+        return check_pages_and_documents(self, sample=sample, seed=seed)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         lm = self._lmdb
@@ -506,6 +615,13 @@ class PageStore:
                           "layer_read_mismatches": self._layers.num_mismatches,
                           "corrupt_detected": lm.corrupt_detected,
                           "quarantined": lm.quarantined},
+            "tiers": {**{name: c.to_dict() for name, c in self._counts.items()},
+                      "lmdb": {**self._counts["lmdb"].to_dict(),
+                               "verify_failures": lm.corrupt_detected + self._layers.num_mismatches}},
+            "disk_cap": {"max_disk_bytes": self.config.max_disk_bytes,
+                         "documents_evicted": self._documents.num_evicted,
+                         "bytes_evicted": self._documents.bytes_evicted,
+                         "documents_in_use": self._documents.num_in_use},
             **({} if self._remote is None else {"remote": self._remote.stats()}),
         }
 

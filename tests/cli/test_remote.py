@@ -26,6 +26,8 @@ def test_push_ls_pull_ping(redis_server, tmp_path, capsys, tiny_model):
     assert code == 0 and out["pages"] == 6 and out["artifacts"] == [art.artifact_id]
     code, out = run(capsys, "remote", "ls", "--remote", url)
     assert out["artifacts"] == [art.artifact_id]
+    assert out["documents"] == [{"artifact": art.artifact_id, "name": "synthetic", "tokens": 24, "pages": 6,
+                                 "model": lm.fingerprint[:12]}]
     code, out = run(capsys, "remote", "pull", "--store", str(tmp_path / "b"), "--remote", url,
                     "--artifact", art.artifact_id[:5])
     assert code == 0 and out["pages_pulled"] == 6 and out["corrupt_detected"] == 0

@@ -162,10 +162,12 @@ def test_map_full_at_max_is_clean_store_full(tmp_path):
     pages = make_chain(300)
     with LMDBTier(tmp_path / "s", map_size=128 * 1024, max_map_size=256 * 1024) as tier:
         stored = 0
-        with pytest.raises(StoreFullError, match="max_map_size"):
+        with pytest.raises(StoreFullError, match="max_map_size") as info:
             for i in range(0, 300, 10):
                 tier.put_many(pages[i:i + 10])
                 stored = i + 10
+        # the advice removes documents (their shared pages kept), never pages other documents list
+        assert "tieredkv rm" in str(info.value) and "delete pages" not in str(info.value)
         assert tier.map_size == 256 * 1024
         assert tier.num_pages == stored and tier.nbytes == stored * NB  # no half batch
         assert tier.check()["corrupt"] == 0

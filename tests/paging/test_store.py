@@ -143,7 +143,10 @@ def test_reopen_finds_every_page(tmp_path, readahead):
         assert store.get_manifest("art") == b"chain" and store.list_manifests() == ["art"]
         assert store.get_meta("fingerprint") == FP
         assert store.delete_manifest("art") and store.list_manifests() == []
-        assert store.check() == {"checked": 5, "ok": 5, "corrupt": 0, "quarantined_keys": [], "damaged_keys": []}
+        report = store.check()
+        assert {k: report[k] for k in ("checked", "ok", "corrupt", "quarantined_keys", "damaged_keys")} == {
+            "checked": 5, "ok": 5, "corrupt": 0, "quarantined_keys": [], "damaged_keys": []}
+        assert report["healthy"] and report["artifacts"] == 0
         with pytest.raises(PagingError, match="already open"):
             PageStore(tmp_path / "s", cfg())
 
@@ -205,3 +208,19 @@ def test_pinned_host_path_logic(tmp_path, monkeypatch):
         assert store.host_tier.nbytes == 2 * NB
         with pytest.raises(IndexError):
             store.host_tier.pinned_layer(p[1].key, 2)
+
+
+def test_host_budget_is_a_cap_with_lru_eviction_and_counters(tmp_path):
+    p = make_chain(5)
+    with PageStore(tmp_path / "s", cfg(host_pages=2)) as store:
+        store.put_many(p)  # admitted in order: the last two stay
+        assert sorted(store.host_tier.keys()) == sorted(x.key for x in p[3:])
+        store.get(p[3].key)  # host hit: p3 becomes the most recently used
+        store.get(p[0].key)  # LMDB hit, admitted: evicts p4, the least recently used
+        assert sorted(store.host_tier.keys()) == sorted([p[0].key, p[3].key])
+        assert store.host_tier.nbytes <= store.host_tier.budget_bytes == 2 * NB
+        tiers = store.stats()["tiers"]
+        assert {k: tiers["host"][k] for k in ("hits", "misses", "bytes_read", "evictions")} == {
+            "hits": 1, "misses": 1, "bytes_read": NB, "evictions": 4}
+        assert {k: tiers["lmdb"][k] for k in ("hits", "misses", "bytes_read", "evictions", "verify_failures")} == {
+            "hits": 1, "misses": 0, "bytes_read": NB, "evictions": 0, "verify_failures": 0}

@@ -169,6 +169,7 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     for s, e in chunks:
         parent = page_key(fp, parent, ids[s:e], s)
         keys.append(parent)
+    store.hold(keys)  # NOTE: kept from eviction and gc (a size cap) until the manifest that lists them is written
     num_reused = 0
     while num_reused < len(keys) and store.contains(keys[num_reused]):
         num_reused += 1
@@ -246,6 +247,18 @@ def load_artifact(store: PageStore, artifact_id: str) -> Artifact:
                                 "`tieredkv stats --store DIR` lists them")
 
 
+def require_stored(store: PageStore, art: Artifact) -> Artifact:
+    """`art` if `store` still holds its manifest; an Artifact object kept from before its document was removed
+    (`tieredkv rm`, eviction under a size cap) is refused, even when some of its pages are still stored."""
+    try:
+        store.get_manifest(art.artifact_id)
+    except ManifestNotFoundError:
+        raise ArtifactNotFoundError(
+            f"artifact {art.artifact_id} ({art.name or 'unnamed'}) is no longer in store {store.path}: it was removed "
+            "or evicted after this Artifact object was made; deposit or import it again") from None
+    return art
+
+
 def load_pages(store: PageStore, art: Artifact) -> list[Page]:
     """Every page of `art`, SHA-256-verified by the store, with the chain re-checked (manifest.iter_pages).
 
@@ -304,7 +317,7 @@ def graft(lm: LoadedModel, artifact: Artifact | str, store: PageStore, *, allow_
     each time. NOTE: on CPU the cache's layers are views of it until their first update (which
     concatenates into new tensors): do not graft into the same buffer while such a cache is in use.
     """
-    art = load_artifact(store, artifact) if isinstance(artifact, str) else artifact
+    art = load_artifact(store, artifact) if isinstance(artifact, str) else require_stored(store, artifact)
     if art.fingerprint != lm.fingerprint:
         raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, lm.fingerprint)
     current = determinism_domain(lm.model, lm.fingerprint, art.page_size)
@@ -313,6 +326,7 @@ def graft(lm: LoadedModel, artifact: Artifact | str, store: PageStore, *, allow_
     cache = cache if cache is not None else DynamicCache(config=lm.model.config)
     install_kv(cache, restored.kv, lm.model.device)
     cache.tieredkv_artifact = art
+    store.mark_used(art.artifact_id)  # the LRU order a size cap evicts in (paging/documents.py)
     return cache
 
 

@@ -24,7 +24,7 @@ MAX_SHIFT = 1 << 24  # positions a verify may graft away: more than any context 
 
 
 EXTENSIONS = ("tieredkv.cli.qa", "tieredkv.cli.portable", "tieredkv.cli.remote", "tieredkv.cli.library",
-              "tieredkv.cli.recheck")
+              "tieredkv.cli.recheck", "tieredkv.cli.store_cmds")
 
 
 def cmd_deposit(args) -> int:
@@ -106,8 +106,11 @@ def cmd_verify(args) -> int:
 
 def cmd_stats(args) -> int:
     with _open_store(args.store, must_exist=True, readonly_fallback=True) as store:
+        from tieredkv.cli.store_cmds import document_rows
+
         st = store.stats()
         st["artifacts"] = store.list_manifests()
+        st["documents"] = document_rows(store)
     _print(st)
     return 0
 
@@ -155,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(fn=cmd_verify)
 
-    s = sub.add_parser("stats", help="pages, bytes per tier, integrity summary")
+    s = sub.add_parser("stats", help="pages, bytes, hits, misses and evictions per tier, integrity summary, documents")
     store_args(s)
     s.set_defaults(fn=cmd_stats)
 

@@ -38,10 +38,27 @@ def cmd_ping(args) -> int:
 def cmd_ls(args) -> int:
     tier = _tier(args.remote)
     try:
-        print_json({"remote": tier.config.safe_url, "artifacts": tier.list_manifests()})
+        ids = tier.list_manifests()
+        print_json({"remote": tier.config.safe_url, "artifacts": ids,
+                    "documents": [_remote_document(tier, i) for i in ids]})
     finally:
         tier.close()
     return 0
+
+
+def _remote_document(tier, artifact_id: str) -> dict:
+    """id, name, tokens, pages and model of a manifest on the server (unreadable: the reason instead)."""
+    from paging.documents import manifest_fields
+
+    try:
+        data = tier.get_manifest(artifact_id)
+        m = manifest_fields(data) if data is not None else None
+    except (PagingError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return {"artifact": artifact_id, "error": f"{type(exc).__name__}: {exc}"}
+    if m is None:
+        return {"artifact": artifact_id, "error": "gone from the server"}
+    return {"artifact": artifact_id, "name": m["name"], "tokens": m["tokens"], "pages": len(m["pages"]),
+            "model": m["fingerprint"][:12]}
 
 
 def cmd_push(args) -> int:
