@@ -26,13 +26,29 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import CorruptPageError, ManifestNotFoundError, PagingError, StoreFullError
 from .framing import body_len, is_int, strict_json
+from .lmdb_tier import LMDBTier
 
-if TYPE_CHECKING:
-    from .store import PageStore
+
+class PageStore(Protocol):
+    """What this module and store_check.py use of a `paging.store.PageStore` (which imports them both, so
+    they name this protocol rather than the class)."""
+
+    path: str
+
+    @property
+    def lmdb_tier(self) -> LMDBTier: ...
+    def contains(self, key: str) -> bool: ...
+    def get(self, key: str) -> Any: ...
+    def get_manifest(self, artifact_id: str) -> bytes: ...
+    def list_manifests(self) -> list[str]: ...
+    def get_meta(self, name: str) -> str | None: ...
+    def set_meta(self, name: str, value: str) -> None: ...
+    def forget_pages(self, keys: Any) -> None: ...
+    def pending_keys(self) -> Any: ...
 
 log = logging.getLogger("tieredkv")
 

@@ -9,9 +9,9 @@ manifest is genuine (its id commits to its model, domain and root) and the store
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .documents import pages_of
+from .documents import PageStore, pages_of
 from .errors import (
     REBUILD_HINT,
     CorruptPageError,
@@ -19,9 +19,6 @@ from .errors import (
     PageNotFoundError,
 )
 from .framing import is_int, strict_json
-
-if TYPE_CHECKING:
-    from .store import PageStore
 
 HINTS = {
     "damage": f"the store does not match its commit record: nothing more is written to it — {REBUILD_HINT}",
