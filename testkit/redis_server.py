@@ -222,7 +222,7 @@ class RedisCluster3:
         self.stop()
 
 
-# -- pytest fixtures (import them into a test module to use them) --------------------------
+# -- pytest fixtures (tests/conftest.py loads this module as a plugin) --------------------------
 requires_server = pytest.mark.skipif(server_binary() is None, reason=SKIP_REASON)
 
 

@@ -12,6 +12,8 @@ import pytest
 
 os.environ.setdefault("TIEREDKV_CACHE", str(Path.home() / ".cache" / "tieredkv"))
 
+pytest_plugins = ["testkit.redis_server"]  # the redis_server fixture, for every test that names it
+
 
 @pytest.fixture(scope="session")
 def smollm2():

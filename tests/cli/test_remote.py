@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from paging import PageStore, StoreConfig
-from testkit.redis_server import redis_server  # noqa: F401  (fixture)
+
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.cli import main
 

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from paging import PageNotFoundError, PageStore, RemoteTierWarning, StoreConfig
-from testkit.redis_server import RedisServer, redis_server, requires_server  # noqa: F401
+from testkit.redis_server import RedisServer, requires_server
 from tieredkv.artifacts.artifact import deposit, graft, load_artifact, prefill
 from tieredkv.question.corpus import python_reference
 from tieredkv.provenance.domain import sha256_tensor

@@ -10,7 +10,7 @@ import redis
 
 from paging import (CorruptPageError, ManifestNotFoundError, Page, PageLayout,
                     PageNotFoundError, PageStore, PagingError, RemoteTierWarning, StoreConfig)
-from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.redis_server import RedisServer
 from testkit.faults import make_chain
 
 FP = "ab" * 32

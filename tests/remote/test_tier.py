@@ -13,7 +13,7 @@ import torch
 from paging import (FORMAT_VERSION, ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page,
                     PageConflictError, PageLayout, PageStore, PagingError, RemoteConfig, RemoteError,
                     RemoteTier, RemoteTierWarning, RemoteUnavailableError, StoreConfig)
-from testkit.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from testkit.redis_server import RedisServer
 from testkit.faults import make_chain
 
 FP, FP2 = "ab" * 32, "cd" * 32

@@ -15,7 +15,7 @@ import torch
 import paging.remote_tier as remote_tier
 from paging import PageStore, StoreConfig
 from paging.framing import seal_value
-from testkit.redis_server import redis_server  # noqa: F401  (fixture)
+
 from tieredkv.artifacts.artifact import Artifact, deposit, graft, load_artifact
 from tieredkv.artifacts.check import check_store
 from tieredkv.artifacts.file_format import encode_header
