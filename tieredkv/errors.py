@@ -70,3 +70,15 @@ class ClosedError(TieredKVError):
 
 class TokenIdsError(TieredKVError, ValueError):
     """Token ids that are not ints of the model's vocabulary (a string, floats, an id out of range)."""
+
+
+class CacheNotActiveError(TieredKVError):
+    """A TieredCache used by a plain model call, outside its TieredModel (the tiered attention is not active)."""
+
+
+class DocumentLookupError(TieredKVError):
+    """A stored document does not match the document asked about (its tokens or page chain differ)."""
+
+
+class StoreNotGivenError(TieredKVError):
+    """No store directory given and none named by $TIEREDKV_STORE."""
