@@ -89,12 +89,29 @@ def generation_options(model, kwargs: dict[str, Any]) -> tuple[Any, dict[str, An
     config.do_sample = False
     user_config = given.pop("generation_config", None)
     explicit = set(given)
-    if user_config is not None:
-        explicit |= set(user_config.to_diff_dict())
-        config.update(**user_config.to_diff_dict())
-    model_kwargs = config.update(**given)
-    _check(config, explicit)
+    user = {} if user_config is None else user_config.to_diff_dict()
+    explicit |= set(user)
+    _check(_Merged(user, given, config), explicit)  # NOTE: before update(), which raises its own ValueErrors
+    try:
+        config.update(**user)
+        model_kwargs = config.update(**given)
+    except ValueError as exc:
+        raise GenerationOptionError(f"transformers refuses these generation options: {exc}") from None
     return config, model_kwargs
+
+
+class _Merged:
+    """Attribute view of generation options: the call's kwargs, then a given GenerationConfig's, then the base."""
+
+    def __init__(self, user: dict, given: dict, base):
+        self._layers = (given, user)
+        self._base = base
+
+    def __getattr__(self, name: str):
+        for layer in self._layers:
+            if name in layer:
+                return layer[name]
+        return getattr(self._base, name, None)
 
 
 def _check(config, explicit: set[str]) -> None:
@@ -110,8 +127,8 @@ def _check(config, explicit: set[str]) -> None:
     if not config.do_sample:
         idle = [k for k in SAMPLING_ONLY if k in explicit]
         if idle:
-            raise GenerationOptionError(f"{', '.join(idle)} act only when sampling: pass do_sample=True, or drop "
-                                        "them for greedy decoding")
+            raise GenerationOptionError(f"{', '.join(idle)}: used only when sampling; pass do_sample=True, or drop "
+                                        "it for greedy decoding")
 
 
 @contextlib.contextmanager
