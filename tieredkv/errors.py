@@ -75,6 +75,10 @@ class TokenIdsError(TieredKVError, ValueError):
 class CacheNotActiveError(TieredKVError):
     """A TieredCache used by a plain model call, outside its TieredModel (the tiered attention is not active)."""
 
+    def __init__(self, message: str = "this TieredCache was passed to the model without its TieredModel: call "
+                                      "tm.generate(...) (or tm(...)), which runs the model's generate() over it"):
+        super().__init__(message)
+
 
 class DocumentLookupError(TieredKVError):
     """A stored document does not match the document asked about (its tokens or page chain differ)."""

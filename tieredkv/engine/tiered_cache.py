@@ -100,8 +100,7 @@ class TieredLayer(CacheLayerMixin):
         if self.layer_idx == 0 and attention.ACTIVE_CACHE.get() is not self.owner:
             # NOTE: refused before anything is appended: without the tiered attention the model would attend to
             # this chunk alone (the context's pages are not in these tensors)
-            raise CacheNotActiveError("this TieredCache was passed to the model without its TieredModel: call "
-                                      "tm.generate(...) (or tm(...)), which runs the model's generate() over it")
+            raise CacheNotActiveError()
         if self.layer_idx == 0:
             self.owner.seal_full_pages()
         if not self.is_initialized or (self.buffer.is_empty and self.buffer.device != key_states.device):

@@ -30,8 +30,8 @@ from tieredkv.engine import attention
 from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact, put_manifest
 from tieredkv.artifacts.manifest import read_back
 from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
-from tieredkv.errors import (ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError, TokenIdsError,
-                             StoreNotGivenError, TornContextError, UnsupportedModelError)
+from tieredkv.errors import (CacheNotActiveError, ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError,
+                             StoreNotGivenError, TokenIdsError, TornContextError, UnsupportedModelError)
 from tieredkv.models.loading import (LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads,
                                      trained_window)
 from tieredkv.engine.generation import generation_options, prompt_ids, seeded, with_prompt
@@ -80,10 +80,12 @@ class TieredModel:
         self.disk_budget_bytes: int | None = None  # what `ingest` may use on disk (default: the free space)
         self.base_attn = attention.wrap(lm.model)
         self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
+        self._guard = lm.model.register_forward_pre_hook(self._refuse_plain_call, with_kwargs=True)
         try:
             self.configure(config, policy=policy)
         except BaseException:  # NOTE: else the model stayed switched, counted for a TieredModel that never was
             self._hook.remove()
+            self._guard.remove()
             attention.unwrap(lm.model)
             raise
 
@@ -195,6 +197,12 @@ class TieredModel:
 
     def encode(self, text: str) -> list[int]:
         return self.lm.codec.encode(text)
+
+    def _refuse_plain_call(self, _module, _args, kwargs):
+        """The model called with this context's cache but without the tiered attention (a plain
+        `model.generate(past_key_values=tm.cache)`): refused before the model slices its inputs by the cache."""
+        if kwargs.get("past_key_values") is self.cache and attention.ACTIVE_CACHE.get() is not self.cache:
+            raise CacheNotActiveError()
 
     def _note_ids(self, _module, args):
         if attention.ACTIVE_CACHE.get() is self.cache and args:
@@ -447,6 +455,7 @@ class TieredModel:
         finally:
             self.cache.close()
             self._hook.remove()
+            self._guard.remove()
             attention.unwrap(self.model)
             if self._owns_store:
                 self.store.close()
