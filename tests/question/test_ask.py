@@ -15,7 +15,7 @@ from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import Artifact, deposit
 from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
 from tieredkv.engine.tiered_model import TieredModel
-from tieredkv.errors import StoreNotGivenError
+from tieredkv.errors import StoreNotGivenError, TokenIdsError
 from tieredkv.provenance.domain import sha256_ids
 from tieredkv.question.ask import Answer, Document
 from testkit.redis_server import redis_server  # noqa: F401  (fixture)
@@ -232,3 +232,20 @@ def test_a_renamed_imported_file_never_answers_for_another_document(tiny_model, 
         ans = tm.ask(doc, "What colour is the secret?", max_new_tokens=2)
     assert doc.context == "ingested" and doc.artifact.artifact_id == a.artifact.artifact_id
     assert "teal" in ans.passages[0]["text"] and "gold" not in ans.passages[0]["text"]
+
+
+def test_chat_over_a_document_applies_the_template_and_keeps_turns(smollm2, tmp_path):
+    """A one-turn chat is the question asked; a later turn sees the earlier turns (kept by the caller, as
+    with HF) and, like every call, starts from the document alone."""
+    with _tm(smollm2, tmp_path / "s") as tm:
+        doc = tm.open("Dear Ann, the garden is in bloom. Yours, Tom.", name="letter")
+        asked = tm.ask(doc, "Who wrote the letter?", max_new_tokens=4)
+        turns = [{"role": "user", "content": "Who wrote the letter?"}]
+        first = tm.chat(doc, turns, max_new_tokens=4)
+        turns += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "To whom?"}]
+        second = tm.chat(doc, turns, max_new_tokens=4)
+        again = tm.chat(doc, turns, max_new_tokens=4)
+        with pytest.raises(TokenIdsError, match="starts and ends with a user turn"):
+            tm.chat(doc, turns[:2], max_new_tokens=4)
+    assert first.token_ids == asked.token_ids and second.question == "To whom?"
+    assert second.token_ids == again.token_ids and second.timings["attach_s"] > 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tieredkv.errors import EmptyInputError, TieredKVError, TokenIdsError
-from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, _frame, find_artifact, qa_config
+from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, DOCUMENT_INTRO, _frame, find_artifact, qa_config
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def chat(tm, doc: Document, messages: list[dict], **generate_kwargs) -> Answer:
         raise TokenIdsError("this model's tokenizer has no chat template: ask one question at a time with tm.ask")
     before, between, _ = _frame(tm.lm.codec)
     marker = "\u2063DOC\u2063"
-    first = {**turns[0], "content": "Read this document.\n\n" + marker + between + turns[0]["content"]}
+    first = {**turns[0], "content": DOCUMENT_INTRO + marker + between + turns[0]["content"]}
     text = tok.apply_chat_template([first, *turns[1:]], add_generation_prompt=True, tokenize=False)
     head, tail = text.split(marker)
     if head != before:

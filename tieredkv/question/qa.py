@@ -47,13 +47,16 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     return config
 
 
+DOCUMENT_INTRO = "Read this document.\n\n"  # what the chat turn says before the document
+
+
 def _frame(codec) -> tuple[str, str, str]:
     """(text before the document, between the document and the question, after the question)."""
     from tieredkv.models.text_codec import chat_frame
 
     if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
         pre, post = chat_frame(codec)
-        return (pre + "Read this document.\n\n",
+        return (pre + DOCUMENT_INTRO,
                 "\n\nAnswer from the document above in one or two sentences. Question: ", post)
     return "Document:\n", "\nQ: ", "\nA:"
 
