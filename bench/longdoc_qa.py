@@ -42,6 +42,7 @@ from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from index.lexical import bm25_scores
 from tieredkv.models.loading import load_model
+from tieredkv.question.ask import QUIET
 from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 
@@ -305,6 +306,25 @@ class Runner:
                 tm.close()
         return {"answer_pages": item.answer_pages(tm.page_size), "ranks": ranks}
 
+    def ask(self, tm, item: Item, q_ids: list[int]) -> tuple:
+        """What `tieredkv qa` runs (TieredModel.open, then .ask); a store of an older version (--older-stores)
+        is grafted by hand, without the byte-exact guarantee. Returns (artifact, grafted, domain note,
+        open seconds, answer seconds, answer ids)."""
+        w, max_new = item.window, self.a.max_new_tokens
+        if not self.a.older_stores:
+            doc = tm.open(w.text, name="longdoc:" + sha256_ids(w.doc_ids), room=len(q_ids) + max_new,
+                          progress=QUIET, **self.variant)
+            ans = tm.ask(doc, item.q["question"], max_new_tokens=max_new)
+            return doc.artifact, doc.context == "grafted", None, doc.open_s, ans.timings["answer_s"], ans.token_ids
+        t0 = time.perf_counter()
+        art, grafted, domain_note = open_window(tm, w, older_stores=True)
+        t_open = time.perf_counter() - t0
+        tm.keep_in_memory()
+        tm.cache.retrieval_log.clear()
+        t1 = time.perf_counter()
+        out = tm.generate(q_ids, max_new_tokens=max_new, question=item.q["question"])
+        return art, grafted, domain_note, t_open, time.perf_counter() - t1, out
+
     def tiered(self, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
         lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
         config = qa_config(lm, len(w.doc_ids) + len(q_ids) + max_new, **self.variant)
@@ -312,14 +332,7 @@ class Runner:
         with PageStore(self.work / w.name, store_cfg) as store:
             tm = TieredModel(lm, store, config)
             try:
-                t0 = time.perf_counter()
-                art, grafted, domain_note = open_window(tm, w, older_stores=self.a.older_stores)
-                t_open = time.perf_counter() - t0
-                tm.keep_in_memory()
-                tm.cache.retrieval_log.clear()
-                t1 = time.perf_counter()
-                out = tm.generate(q_ids, max_new_tokens=max_new, question=item.q["question"])
-                t_answer = time.perf_counter() - t1
+                art, grafted, domain_note, t_open, t_answer, out = self.ask(tm, item, q_ids)
                 read = tm.last_reading.to_dict() if tm.last_reading is not None else None
                 # bytes on the model's device beside the device tier: the re-encoded frame and passages
                 fresh = [t for kv in tm.cache.reencoded.values() for pair in kv if pair for t in pair]

@@ -1,6 +1,7 @@
 """tieredkv: a long-context memory tier for Hugging Face causal LMs, with byte-exact grafts.
 
     from tieredkv import TieredModel, PageStore, deposit, graft, verify, load_model
+    tm = TieredModel.from_pretrained("smollm2", store="kv-store"); tm.ask(tm.open(text), "...")
 
 Names resolve lazily so `import tieredkv` stays cheap until a model is needed.
 """
@@ -14,6 +15,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "TieredModel": "tieredkv.engine.tiered_model",
     "TieredConfig": "tieredkv.engine.tiered_config",
+    "Answer": "tieredkv.question.ask",
+    "Document": "tieredkv.question.ask",
+    "GenerationOptionError": "tieredkv.engine.generation",
     "working_set_bytes": "tieredkv.engine.tiered_model",
     "deposit": "tieredkv.artifacts.artifact",
     "graft": "tieredkv.artifacts.artifact",

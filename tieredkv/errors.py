@@ -70,3 +70,19 @@ class ClosedError(TieredKVError):
 
 class TokenIdsError(TieredKVError, ValueError):
     """Token ids that are not ints of the model's vocabulary (a string, floats, an id out of range)."""
+
+
+class CacheNotActiveError(TieredKVError):
+    """A TieredCache used by a plain model call, outside its TieredModel (the tiered attention is not active)."""
+
+    def __init__(self, message: str = "this TieredCache was passed to the model without its TieredModel: call "
+                                      "tm.generate(...) (or tm(...)), which runs the model's generate() over it"):
+        super().__init__(message)
+
+
+class DocumentLookupError(TieredKVError):
+    """A stored document does not match the document asked about (its tokens or page chain differ)."""
+
+
+class StoreNotGivenError(TieredKVError):
+    """No store directory given and none named by $TIEREDKV_STORE."""

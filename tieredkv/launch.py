@@ -176,6 +176,8 @@ def _store(argv: list[str]) -> str | None:
 def crash_line(signame: str, argv: list[str]) -> str:
     """The one line for a child that a crash signal ended."""
     store = _store(argv)
+    if store is None and _command(argv) == "qa":
+        store = os.environ.get("TIEREDKV_STORE") or None  # qa's default store when set
     where = (f"`tieredkv check --store {shlex.quote(store)}` reports what is damaged; then restore the store from "
              "a backup or re-deposit its artifacts into a new one") if store is not None else \
         ("`tieredkv check --store DIR` on qa's default store (stores/MODEL under $TIEREDKV_CACHE, else "

@@ -10,6 +10,7 @@ from paging import PageStore, StoreConfig
 from paging.errors import LayoutMismatchError
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.check import check_store
+from tieredkv.engine.generation import GenerationOptionError
 from tieredkv.errors import ClosedError, EmptyInputError, TokenIdsError
 from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
 from tieredkv.engine.tiered_model import TieredModel
@@ -69,8 +70,8 @@ def test_token_ids_that_are_not_ids_are_refused(tiny_model, tmp_path):
                            ("text", "encode text first"), ([True, 5], "bool"), ([5, vocab], f"token id {vocab}"),
                            ([-1, 5], "token id -1"), ([[5, 6]], "int token ids")):
             for call in (tm.ingest, tm.generate, tm.prefill):
-                if call == tm.ingest and isinstance(bad, str):
-                    continue  # ingest encodes text itself
+                if call == tm.ingest and isinstance(bad, str) or call == tm.generate and bad == [[5, 6]]:
+                    continue  # ingest encodes text itself; generate takes a batch of one prompt, as HF does
                 with pytest.raises(TokenIdsError, match=match):
                     call(bad)
         with pytest.raises(EmptyInputError):
@@ -86,8 +87,10 @@ def test_generate_refuses_what_it_sets_itself_and_a_blank_question(tiny_model, t
     lm = tiny_model("tiny-llama")
     with PageStore(tmp_path / "s", StoreConfig()) as store, TieredModel(lm, store, CONFIG) as tm:
         tm.ingest(_ids(40, 5))
-        for kw in ({"do_sample": True}, {"num_beams": 2}, {"attention_mask": None}):
-            with pytest.raises(ValueError, match="greedily"):
+        for kw, match in (({"num_beams": 2}, "num_beams=1"), ({"attention_mask": None}, "attention_mask"),
+                          ({"past_key_values": None}, "tiered context is the cache"),
+                          ({"max_length": 9}, "max_new_tokens")):
+            with pytest.raises(GenerationOptionError, match=match):
                 tm.generate([5, 6], **kw)
         with pytest.raises(EmptyInputError, match="question"):
             tm.generate([5, 6], question="  ")

@@ -11,6 +11,7 @@ killed half-way leaves verified pages and no visible artifact.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -212,9 +213,25 @@ def deposit(lm: LoadedModel, source: str | Sequence[int], store: PageStore, *, p
     root = keys[-1]
     art = Artifact(artifact_id(fp, root, domain), fp, domain, len(ids), page_size, tuple(keys),
                    sha256_ids(ids), layout.to_dict(), name)
-    store.put_manifest(art.artifact_id, art.to_json())
+    art = put_manifest(store, art)
     read_back(store, art)  # NOTE: success is reported only for what LMDB gives back, verified
     return art
+
+
+def put_manifest(store: PageStore, art: Artifact) -> Artifact:
+    """Write `art`'s manifest; returns the artifact as stored. The same context stored before under another
+    name is the same artifact (its id commits to the model, domain and every token, not to the name): the
+    stored manifest is kept and returned, its label with it."""
+    from paging.errors import PageConflictError
+
+    try:
+        store.put_manifest(art.artifact_id, art.to_json())
+        return art
+    except PageConflictError:
+        stored = load_artifact(store, art.artifact_id)
+        if dataclasses.replace(stored, name=art.name) != art:
+            raise
+        return stored
 
 
 def _same_page_size(layout: PageLayout, page_size: int, store: PageStore) -> None:

@@ -23,6 +23,9 @@ DEFAULT_MODEL = "smollm2"
 
 
 def model_arg(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL, note: str | None = None) -> None:
+    """--model; its default (DEFAULT_MODEL) is $TIEREDKV_MODEL when set."""
+    if default == DEFAULT_MODEL:
+        default = os.environ.get("TIEREDKV_MODEL", "").strip() or DEFAULT_MODEL
     p.add_argument("--model", default=default, type=model_name,
                    help="smollm2 (embedded), tiny-llama|tiny-qwen2|tiny-mistral|tiny-gemma2|tiny-gemma3|tiny-gpt2, "
                         "a local HF model directory, or a hub id (ORG/NAME) in the local Hugging Face cache, never "

@@ -6,7 +6,7 @@ of the pages before it (GEMM shapes, and therefore floats, depend on the chunk).
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Sequence
 
 
 def canonical_chunks(start: int, end: int, page_size: int) -> Iterator[tuple[int, int]]:
@@ -26,3 +26,15 @@ def canonical_chunks(start: int, end: int, page_size: int) -> Iterator[tuple[int
         e = min(end, (s // page_size + 1) * page_size)
         yield s, e
         s = e
+
+
+def page_chain(fingerprint: str, ids: Sequence[int], page_size: int) -> list[str]:
+    """The page keys of `ids` sealed in canonical pages under `fingerprint` (paging.page_key's hash chain):
+    the last key commits to every token id and position."""
+    from paging import ROOT_KEY, page_key
+
+    keys, parent = [], ROOT_KEY
+    for s, e in canonical_chunks(0, len(ids), page_size):
+        parent = page_key(fingerprint, parent, ids[s:e], s)
+        keys.append(parent)
+    return keys

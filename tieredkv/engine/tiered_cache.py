@@ -14,6 +14,7 @@ import array
 import collections
 import hashlib
 import json
+import logging
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,13 +23,15 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
-from tieredkv.engine import head_block
-from tieredkv.errors import UnsupportedModelError
+from tieredkv.engine import attention, head_block
+from tieredkv.errors import CacheNotActiveError, UnsupportedModelError
 from tieredkv.engine.kv_buffer import SlotKey, WorkingSetBuffer
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.prefetch import Prefetcher
 from tieredkv.engine.tiered_config import REUSE_MIN_COSINE, TieredConfig
 from tieredkv.engine.working_set import HeadPages, Span, build_mask, sliding_spans
+
+log = logging.getLogger(__name__)
 
 
 def page_summaries(model, config: TieredConfig, layer_keys: Sequence[torch.Tensor], start: int) -> np.ndarray:
@@ -94,6 +97,10 @@ class TieredLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         # k, v: [1, Hkv, q, D], post-rotary at absolute positions [num_tokens, num_tokens + q)
         assert key_states.shape[0] == 1, "TieredModel runs one sequence (batch size 1)"
+        if self.layer_idx == 0 and attention.ACTIVE_CACHE.get() is not self.owner:
+            # NOTE: refused before anything is appended: without the tiered attention the model would attend to
+            # this chunk alone (the context's pages are not in these tensors)
+            raise CacheNotActiveError()
         if self.layer_idx == 0:
             self.owner.seal_full_pages()
         if not self.is_initialized or (self.buffer.is_empty and self.buffer.device != key_states.device):
@@ -314,10 +321,13 @@ class TieredCache(Cache):
             page = self.writer.pending[page_id - self.num_written]
             return page.layer_kv(layer, device=self.layers[layer].device)
         self.fetch_counts["fetches"] += 1
-        if self.store.device_tier.contains((key, layer)):
+        hit = self.store.device_tier.contains((key, layer))
+        if hit:
             self.fetch_counts["device_hits"] += 1
         else:
             self.prefetcher.wait(key)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("layer %d: page %d %s", layer, page_id, "on the device" if hit else "fetched from host/LMDB")
         return self.store.fetch_layer(key, layer, pin=pin)
 
     def working_set(self, layer_idx: int, query: torch.Tensor, kind: str) -> tuple[Any, Any, Any]:

@@ -199,8 +199,13 @@ class TieredConfig:
     def regime_fingerprint(self, model_fingerprint: str, page_size: int) -> str:
         """Page keys of tiered contexts hash this instead of the bare model fingerprint: pages computed
         with retrieval attention are other bytes than a full-attention deposit of the same tokens."""
-        blob = json.dumps({"model": model_fingerprint, "regime": self.regime(page_size)}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return regime_fingerprint(model_fingerprint, self.regime(page_size))
+
+
+def regime_fingerprint(model_fingerprint: str, regime: dict) -> str:
+    """What the page keys of a context sealed under `regime` (a `TieredConfig.regime` record) hash."""
+    blob = json.dumps({"model": model_fingerprint, "regime": regime}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def stored_under(recorded: dict, current: dict) -> bool:

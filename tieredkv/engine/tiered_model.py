@@ -1,6 +1,10 @@
 """`TieredModel`: a HF causal LM with a long-context memory tier.
 
-    tm = TieredModel.from_pretrained("smollm2", store=PageStore("kv"))
+    tm = TieredModel.from_pretrained("smollm2", store="kv")
+    doc = tm.open(long_text)                        # config for its length; graft if stored (by content), else ingest
+    answer = tm.ask(doc, "Question?")               # from the document's sealed state (tieredkv/question/ask.py)
+
+    tm = TieredModel(lm, store, config)             # the engine: one context
     art = tm.ingest(long_text)                      # pages -> LMDB/host, summaries -> index
     out = tm.generate(tm.encode("Question?"), max_new_tokens=32)
 
@@ -9,6 +13,8 @@ The model's own `forward()` / `generate()` run unchanged; attention sees a bound
 """
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -18,14 +24,17 @@ import torch
 
 from index import IndexStaleError, PageIndex
 from safefiles import AtomicFile
-from paging import PageLayout, PageStore
+from paging import PageLayout, PageStore, StoreConfig
 from tieredkv.engine import attention
-from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact
+from tieredkv.artifacts.artifact import (Artifact, artifact_id, bind_store, load_artifact, put_manifest,
+                                        require_stored)
 from tieredkv.artifacts.manifest import read_back
 from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
-from tieredkv.errors import (ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError, TornContextError,
-                             UnsupportedModelError)
-from tieredkv.models.loading import LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads
+from tieredkv.errors import (CacheNotActiveError, ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError,
+                             StoreNotGivenError, TornContextError, UnsupportedModelError)
+from tieredkv.models.loading import (LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads,
+                                     trained_window)
+from tieredkv.engine.generation import generation_options, prompt_ids, seeded, with_prompt
 from tieredkv.models.token_ids import check_token_ids
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.schedule import canonical_chunks
@@ -33,9 +42,17 @@ from tieredkv.engine.tiered_cache import TieredCache, page_summaries
 from tieredkv.engine.tiered_config import AUTO, TieredConfig
 from tieredkv.engine.working_set import Span
 
+log = logging.getLogger(__name__)
 
-# generate()'s own arguments to the model's generate (given twice, they were a bare TypeError)
-GREEDY_ONLY = frozenset({"do_sample", "past_key_values", "attention_mask", "pad_token_id", "max_length"})
+
+def qa_budget_bytes(lm: LoadedModel) -> int:
+    """Device-tier bytes for every working set `TieredModel.open` may choose for `lm` (the question
+    configuration inside the model's window and beyond it)."""
+    from tieredkv.question.qa import qa_config
+
+    window = trained_window(lm.model)
+    lengths = [1] if window is None else [1, window + 1]
+    return max(working_set_bytes(lm, qa_config(lm, n)) for n in lengths)
 
 
 def working_set_bytes(lm: LoadedModel, config: TieredConfig) -> int:
@@ -50,45 +67,100 @@ class TieredModel:
 
     def __init__(self, lm: LoadedModel, store: PageStore, config: TieredConfig = TieredConfig(), *,
                  policy: PlacementPolicy | None = None):
+        self.lm, self.store = lm, store
+        bind_store(store, lm)
+        self.last_reading = None  # what the last question read (tieredkv/question/reading.py), if it read
+        self.sealed_for = None  # the Document whose sealed state the context holds (tieredkv/question/ask.py)
+        self._closed, self._owns_store, self._warned_window = False, False, False
+        self.disk_budget_bytes: int | None = None  # what `ingest` may use on disk (default: the free space)
+        self.base_attn = attention.wrap(lm.model)
+        self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
+        self._guard = lm.model.register_forward_pre_hook(self._refuse_plain_call, with_kwargs=True)
+        try:
+            self.configure(config, policy=policy)
+        except BaseException:  # NOTE: else the model stayed switched, counted for a TieredModel that never was
+            self._hook.remove()
+            self._guard.remove()
+            attention.unwrap(lm.model)
+            raise
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, store: PageStore | str | os.PathLike | None = None,
+                        config: TieredConfig = TieredConfig(), dtype: torch.dtype = torch.float32) -> "TieredModel":
+        """Load a model and wrap it. `store`: a PageStore, or a directory (default $TIEREDKV_STORE) opened
+        with a device tier sized for the working sets `open` chooses, and closed with this TieredModel."""
+        lm = load_model(name_or_path, dtype=dtype)
+        if isinstance(store, PageStore):
+            return cls(lm, store, config)
+        path = store if store is not None else os.environ.get("TIEREDKV_STORE")
+        if not path:
+            raise StoreNotGivenError("no store given: pass store='DIR' (or a PageStore), or set TIEREDKV_STORE")
+        opened = PageStore(path, StoreConfig(device_budget_bytes=qa_budget_bytes(lm)))
+        try:
+            tm = cls(lm, opened, config)
+        except BaseException:
+            opened.close()
+            raise
+        tm._owns_store = True
+        return tm
+
+    def configure(self, config: TieredConfig, *, policy: PlacementPolicy | None = None) -> None:
+        """Attend with `config` from now on, in a new, empty context (`open` picks one per document)."""
         if config.position == AUTO:
             raise ValueError("TieredConfig(position='auto') must be resolved for a context first: "
                              "config.resolve(lm.model, num_tokens)")
-        self.lm, self.store, self.config = lm, store, config
-        # which pages full-attention layers attend to, and where (tieredkv/engine/placement.py)
-        self.policy = policy if policy is not None else policy_for(config.position)
-        self.page_size = config.page_size or lm.default_page_size
+        if getattr(self, "config", None) == config and policy is None:
+            return
         if config.position == "fixed":
             from tieredkv.engine.rotary import rotary_module
 
-            rotary_module(lm.model)  # fails early, with the reason, on models without rotary
-        bind_store(store, lm)
-        self.regime_fp = config.regime_fingerprint(lm.fingerprint, self.page_size)
-        self.last_reading = None  # what the last question read (tieredkv/question/reading.py), if it read
-        self._closed = False
-        self.base_attn = attention.wrap(lm.model)
-        self._hook = lm.model.get_input_embeddings().register_forward_pre_hook(self._note_ids)
-        try:
-            self.reset()
-        except BaseException:  # NOTE: else the model stayed switched, counted for a TieredModel that never was
-            self._hook.remove()
-            attention.unwrap(lm.model)
-            raise
-        need = working_set_bytes(lm, config)
-        if store.config.device_budget_bytes < need:
-            warnings.warn(f"the device tier's budget ({store.config.device_budget_bytes / 2**20:.0f} MiB) is below one "
-                          f"working set ({need / 2**20:.0f} MiB): pages will be copied in again at every step. "
-                          "Size it with StoreConfig(device_budget_bytes=tieredkv.working_set_bytes(lm, config)).",
-                          ResourceWarning, stacklevel=2)
+            rotary_module(self.lm.model)  # fails early, with the reason, on models without rotary
+        self.config = config
+        # which pages full-attention layers attend to, and where (tieredkv/engine/placement.py)
+        self.policy = policy if policy is not None else policy_for(config.position)
+        self.page_size = config.page_size or self.lm.default_page_size
+        self.regime_fp = config.regime_fingerprint(self.lm.fingerprint, self.page_size)
+        self.reset()
+        need = working_set_bytes(self.lm, config)
+        if self.store.config.device_budget_bytes < need:
+            warnings.warn(f"the device tier's budget ({self.store.config.device_budget_bytes / 2**20:.0f} MiB) is "
+                          f"below one working set ({need / 2**20:.0f} MiB): pages will be copied in again at every "
+                          "step. Size it with StoreConfig(device_budget_bytes=tieredkv.working_set_bytes(lm, config)).",
+                          ResourceWarning, stacklevel=3)
 
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, *, store: PageStore, config: TieredConfig = TieredConfig(),
-                        dtype: torch.dtype = torch.float32) -> "TieredModel":
-        return cls(load_model(name_or_path, dtype=dtype), store, config)
+    # ------------------------------------------------------------------ one call per question
+    def open(self, source: str | Sequence[int], name: str = "", *, reingest: bool = False,
+             progress: Callable[[int, int], None] | None = None, room: int | None = None, **config_fields):
+        """A document to ask about: ingested once (a progress bar when stderr is a terminal), found again by
+        its tokens (never by `name`, a label) and grafted afterwards; the configuration is chosen for its
+        length (`room`: tokens for a question and answer; `config_fields` override it). Returns a Document
+        (tieredkv/question/ask.py)."""
+        self._check_open()
+        from tieredkv.question.ask import open_document
+
+        return open_document(self, source, name, reingest=reingest, progress=progress, room=room, **config_fields)
+
+    def ask(self, doc, question: str, **generate_kwargs):
+        """Answer `question` about an opened document, from its sealed state: questions never see each
+        other. `generate_kwargs` as for `generate`. Returns an Answer (tieredkv/question/ask.py)."""
+        self._check_open()
+        from tieredkv.question.ask import ask
+
+        return ask(self, doc, question, **generate_kwargs)
+
+    def chat(self, doc, messages: list[dict], **generate_kwargs):
+        """The assistant's next turn of a conversation over an opened document (chat template applied).
+        Returns an Answer; append {"role": "assistant", "content": answer.text} to go on."""
+        self._check_open()
+        from tieredkv.question.ask import chat
+
+        return chat(self, doc, messages, **generate_kwargs)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Start a new, empty context."""
         self._check_open()
+        self.sealed_for, self._warned_window = None, False
         if getattr(self, "cache", None) is not None:
             self.cache.close()
         self.cache = TieredCache(self.lm.model, self.store, self.config, fingerprint=self.regime_fp,
@@ -121,6 +193,12 @@ class TieredModel:
     def encode(self, text: str) -> list[int]:
         return self.lm.codec.encode(text)
 
+    def _refuse_plain_call(self, _module, _args, kwargs):
+        """The model called with this context's cache but without the tiered attention (a plain
+        `model.generate(past_key_values=tm.cache)`): refused before the model slices its inputs by the cache."""
+        if kwargs.get("past_key_values") is self.cache and attention.ACTIVE_CACHE.get() is not self.cache:
+            raise CacheNotActiveError()
+
     def _note_ids(self, _module, args):
         if attention.ACTIVE_CACHE.get() is self.cache and args:
             self.cache.note_input_ids(args[0].reshape(-1).tolist())
@@ -130,6 +208,8 @@ class TieredModel:
         return check_token_ids(ids, self.model, what, "tm.encode(text)")
 
     def _check_positions(self, extra: int) -> None:
+        """Before `extra` tokens extend the context: refuse what cannot run, warn past the trained window."""
+        self.sealed_for = None  # NOTE: the context no longer holds a document's sealed state alone
         if self.cache.torn:
             raise TornContextError("an earlier forward failed part-way, so this context is incomplete; "
                                    "close this TieredModel and open the context again (ingest or graft)")
@@ -139,6 +219,12 @@ class TieredModel:
                 f"gpt2 has learned positions up to {cfg.n_positions}; the context would reach "
                 f"{self.num_tokens + extra}. Use a rotary model for longer contexts."
             )
+        window = trained_window(self.model)
+        if self.config.position == "own" and window and self.num_tokens + extra > window and not self._warned_window:
+            self._warned_window = True
+            warnings.warn(f"own positions reach {self.num_tokens + extra:,}, past the model's trained window of "
+                          f"{window:,}: answers degrade there; use tm.open (fixed distances and reading beyond the "
+                          "window) or TieredConfig(position='auto').resolve(model, num_tokens)", stacklevel=4)
 
     # ------------------------------------------------------------------ running the model
     @torch.inference_mode()
@@ -175,46 +261,55 @@ class TieredModel:
         return None if logits_to_keep is None else out.logits
 
     @torch.inference_mode()
-    def generate(self, new_ids: Sequence[int], *, max_new_tokens: int = 32, question: str | None = None,
-                 **kwargs) -> list[int]:
-        """Prefill `new_ids` (page-aligned), then greedy-decode with the model's own `generate()`.
+    def generate(self, inputs, *, max_new_tokens: int = 32, question: str | None = None, seed: int | None = None,
+                 **kwargs):
+        """Prefill the prompt (page-aligned), then decode with the model's own `generate()`: greedy unless
+        `do_sample=True`; sampling options, logits processors and streamers pass through (`seed` reproduces a
+        sampled answer); beams and batches are refused (tieredkv/engine/generation.py). `inputs`: a list of ids,
+        a [1, n] tensor, a BatchEncoding/dict with `input_ids`, or chat messages. Returns the new ids as a list,
+        or HF's output object (sequences = prompt + new) with `return_dict_in_generate=True`.
 
         Over a sealed context that retrieves (right after `ingest` or `graft`), a question first reads:
         with `config.reading`, the passages it is about are read afresh right before it
         (tieredkv/question/reading.py; `question` is the text its words are matched with, default the decoded
-        `new_ids`; what was read is in `last_reading`); with `config.reencode_pages`, its
+        prompt; what was read is in `last_reading`); with `config.reencode_pages`, its
         most-retrieved pages are re-encoded beside each layer's retrieval (tieredkv/question/reencode.py)."""
         self._check_open()
-        new_ids = self._token_ids(new_ids, "generate")
-        given = sorted(set(kwargs) & GREEDY_ONLY) + (["num_beams"] if kwargs.get("num_beams", 1) != 1 else [])
-        if given:
-            raise ValueError(f"TieredModel.generate decodes greedily, one beam, over its own cache: drop "
-                             f"{', '.join(given)}")
+        new_ids = self._token_ids(prompt_ids(inputs, getattr(self.lm.codec, "tokenizer", None)), "generate")
+        gen_config, model_kwargs = generation_options(self.model, {"max_new_tokens": max_new_tokens, **kwargs})
+        if gen_config.pad_token_id is None:
+            gen_config.pad_token_id = self.lm.codec.eos_token_id
         if question is not None and not question.strip():
             raise EmptyInputError("the question is empty or blank: give its text, or None to match the prompt's "
                                   "own words")
-        self.last_reading = None
-        if self._sealed_and_retrieving() and not self.cache.reencoded:
-            if self.config.reading is not None:
-                from tieredkv.question.reading import read
-
-                query = question if question is not None else self.lm.codec.decode(list(new_ids))
-                self.last_reading = read(self.cache, new_ids, query, self.config.reading, self.lm.codec)
-            elif self.config.reencode_pages:
-                from tieredkv.question.reencode import probe, reencode
-
-                reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
+        self._read_for(new_ids, question)
         if len(new_ids) > 1:
             self._prefill(new_ids[:-1], None, 1)
         n = self.num_tokens
         last = torch.tensor([[new_ids[-1]]], device=self.model.device)
         full_mask = torch.ones((1, n + 1), dtype=torch.long, device=self.model.device)
-        self._check_positions(1 + max_new_tokens)
-        with attention.activate(self.cache):
+        self._check_positions(1 + gen_config.max_new_tokens)
+        with attention.activate(self.cache), seeded(seed, self.model.device):
             out = self.model.generate(last, attention_mask=full_mask, past_key_values=self.cache,
-                                      max_new_tokens=max_new_tokens, do_sample=False,
-                                      pad_token_id=self.lm.codec.eos_token_id, **kwargs)
+                                      generation_config=gen_config, **model_kwargs)
+        if gen_config.return_dict_in_generate:
+            return with_prompt(out, new_ids)
         return out[0, 1:].tolist()
+
+    def _read_for(self, new_ids: list[int], question: str | None) -> None:
+        """Question-time reading (or re-encoding) before a prompt over a sealed context that retrieves."""
+        self.last_reading = None
+        if not (self._sealed_and_retrieving() and not self.cache.reencoded):
+            return
+        if self.config.reading is not None:
+            from tieredkv.question.reading import read
+
+            query = question if question is not None else self.lm.codec.decode(list(new_ids))
+            self.last_reading = read(self.cache, new_ids, query, self.config.reading, self.lm.codec)
+        elif self.config.reencode_pages:
+            from tieredkv.question.reencode import probe, reencode
+
+            reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
 
     def _sealed_and_retrieving(self) -> bool:
         """Every token is in a sealed page (right after ingest or graft), and more pages than one working set."""
@@ -245,7 +340,7 @@ class TieredModel:
         if isinstance(source, str) and not source.strip():
             raise EmptyInputError("the document is empty")
         ids = self.encode(source) if isinstance(source, str) else self._token_ids(source, "ingest")
-        self.check_disk_budget(len(ids))
+        self.check_disk_budget(len(ids), budget_bytes=self.disk_budget_bytes)
         self.reset()
         self._prefill(ids, progress, None)
         self.cache.flush(partial=True)
@@ -253,19 +348,21 @@ class TieredModel:
         art = Artifact(artifact_id(self.regime_fp, self.cache.page_keys[-1], domain), self.lm.fingerprint, domain,
                        len(ids), self.page_size, tuple(self.cache.page_keys), sha256_ids(ids),
                        self.cache.layout.to_dict(), name)
-        self.store.put_manifest(art.artifact_id, art.to_json())
+        art = put_manifest(self.store, art)  # the same text stored under another name is this artifact
         # NOTE: success is reported only for what LMDB gives back: the manifest and every page, verified
         # and chained (as deposit does), not the host tier's copies
         read_back(self.store, art)
+        self._hold(art)
         self.cache.index.save(self._index_path(art))
         self._save_token_ids(art, ids)
+        log.info("ingested %d tokens into %d pages: artifact %s", len(ids), len(art.page_keys), art.artifact_id)
         return art
 
     def graft(self, artifact: Artifact | str, *, allow_domain_mismatch: bool = False,
               progress: Callable[[int, int], None] | None = None) -> Artifact:
         """Reset and adopt a stored context at its own positions; pages stream in on demand."""
         self._check_open()
-        art = load_artifact(self.store, artifact) if isinstance(artifact, str) else artifact
+        art = load_artifact(self.store, artifact) if isinstance(artifact, str) else require_stored(self.store, artifact)
         if art.fingerprint != self.lm.fingerprint:
             raise ModelMismatchError(f"artifact {art.artifact_id}", art.fingerprint, self.lm.fingerprint)
         check_domain(art.domain, self.domain(), allow_mismatch=allow_domain_mismatch,
@@ -275,7 +372,14 @@ class TieredModel:
         self.reset()
         index = self._load_or_rebuild_index(art, layout, progress)
         self.cache.attach(list(art.page_keys), spans, layout, index, token_ids=self._load_token_ids(art))
+        self._hold(art)
+        log.info("grafted artifact %s: %d tokens, %d pages", art.artifact_id, art.num_tokens, len(art.page_keys))
         return art
+
+    def _hold(self, art: Artifact) -> None:
+        """The document is in use while this context lives (a size cap never evicts it), and used now (LRU)."""
+        self.store.pin(art.artifact_id, holder=self.cache)
+        self.store.mark_used(art.artifact_id)
 
     def _index_path(self, art: Artifact) -> Path:
         path = Path(self.store.path) / "indexes" / f"{art.artifact_id}.{self.config.summary}.faiss"
@@ -337,7 +441,10 @@ class TieredModel:
         finally:
             self.cache.close()
             self._hook.remove()
+            self._guard.remove()
             attention.unwrap(self.model)
+            if self._owns_store:
+                self.store.close()
 
     def __enter__(self) -> "TieredModel":
         return self

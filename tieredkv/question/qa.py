@@ -3,7 +3,7 @@
     doc_ids, q_ids = prompt_parts(lm, document, question)      # one chat turn, split where the question starts
     config = qa_config(lm, len(doc_ids) + len(q_ids) + max_new)  # own inside the window, fixed + reading beyond
     tm = TieredModel(lm, store, config)
-    art = open_document(tm, doc_ids, name)                      # graft if stored under this regime, else ingest
+    art = open_document(tm, doc_ids, name)                      # graft if these tokens are stored, else ingest
     answer = tm.generate(q_ids, max_new_tokens=max_new)
 
 The document is sealed as an artifact and reused across questions and processes; the question's
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tieredkv.engine.tiered_config import AUTO, ReadingConfig, TieredConfig
 
@@ -47,13 +47,16 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     return config
 
 
+DOCUMENT_INTRO = "Read this document.\n\n"  # what the chat turn says before the document
+
+
 def _frame(codec) -> tuple[str, str, str]:
     """(text before the document, between the document and the question, after the question)."""
     from tieredkv.models.text_codec import chat_frame
 
     if getattr(getattr(codec, "tokenizer", None), "chat_template", None):
         pre, post = chat_frame(codec)
-        return (pre + "Read this document.\n\n",
+        return (pre + DOCUMENT_INTRO,
                 "\n\nAnswer from the document above in one or two sentences. Question: ", post)
     return "Document:\n", "\nQ: ", "\nA:"
 
@@ -73,26 +76,41 @@ def document_name(document: str) -> str:
     return "doc:" + hashlib.sha256(document.encode()).hexdigest()
 
 
-def find_artifact(store, name: str, domain: dict) -> Artifact | None:
-    """The artifact named `name` that was ingested in `domain` (the same determinism domain, regime
-    included), if the store holds one; its manifest is verified (artifacts/manifest.py)."""
+def find_artifact(store, doc_ids: Sequence[int], domain: dict, model_fingerprint: str) -> Artifact | None:
+    """The stored artifact of exactly these token ids, ingested in `domain` (the same determinism domain,
+    regime included), if the store holds one. Found by content, never by its name (a label anyone who
+    can write a manifest may change): its `token_ids_sha256` must be `doc_ids`' hash AND its page keys the
+    chain recomputed from `doc_ids` (so every page it would graft commits to these tokens)."""
     from tieredkv.artifacts.manifest import parse_manifest
-    from tieredkv.provenance.domain import domain_differences
+    from tieredkv.provenance.domain import domain_differences, sha256_ids
     from tieredkv.engine.tiered_config import stored_under
 
+    want = sha256_ids(doc_ids)
     for art_id in store.list_manifests():
         art = parse_manifest(store.get_manifest(art_id), stored_as=art_id, where=store.path)
-        if art.name == name and stored_under(art.domain.get("regime", {}), domain.get("regime", {})) \
-                and not domain_differences(art.domain, domain):
+        regime = art.domain.get("regime", {})
+        if art.token_ids_sha256 == want and art.num_tokens == len(doc_ids) \
+                and stored_under(regime, domain.get("regime", {})) and not domain_differences(art.domain, domain) \
+                and commits_to(art, doc_ids, model_fingerprint):
             return art
     return None
 
 
-def open_document(tm, doc_ids: list[int], name: str, *, reingest: bool = False,
+def commits_to(art: Artifact, doc_ids: Sequence[int], model_fingerprint: str) -> bool:
+    """Whether `art`'s page keys are the chain of `doc_ids` under its recorded regime and this model."""
+    from tieredkv.engine.schedule import page_chain
+    from tieredkv.engine.tiered_config import regime_fingerprint
+
+    fp = regime_fingerprint(model_fingerprint, art.domain.get("regime", {}))
+    return art.fingerprint == model_fingerprint and tuple(page_chain(fp, doc_ids, art.page_size)) == art.page_keys
+
+
+def open_document(tm, doc_ids: list[int], name: str = "", *, reingest: bool = False,
                   progress: Callable[[int, int], None] | None = None) -> tuple[Artifact, bool]:
-    """Graft the document's artifact if `tm`'s store holds one made in `tm`'s domain, else ingest it
-    (an artifact of another domain stays where it is). Returns (artifact, grafted)."""
-    art = None if reingest else find_artifact(tm.store, name, tm.domain())
+    """Graft the document's artifact if `tm`'s store holds one of these very tokens made in `tm`'s domain
+    (found by content: `find_artifact`), else ingest it under the label `name` (an artifact of another
+    domain stays where it is). Returns (artifact, grafted)."""
+    art = None if reingest else find_artifact(tm.store, doc_ids, tm.domain(), tm.lm.fingerprint)
     if art is not None:
         tm.graft(art)
         return art, True
