@@ -163,6 +163,7 @@ class TieredModel:
         self.sealed_for, self._warned_window = None, False
         if getattr(self, "cache", None) is not None:
             self.cache.close()
+        self._release()
         self.cache = TieredCache(self.lm.model, self.store, self.config, fingerprint=self.regime_fp,
                                  page_size=self.page_size, policy=self.policy)
 
@@ -377,9 +378,17 @@ class TieredModel:
         return art
 
     def _hold(self, art: Artifact) -> None:
-        """The document is in use while this context lives (a size cap never evicts it), and used now (LRU)."""
-        self.store.pin(art.artifact_id, holder=self.cache)
+        """The document is in use while this context holds it (a size cap never evicts it), and used now (LRU)."""
+        self._release()
+        self.store.pin(art.artifact_id)
+        self._held = art.artifact_id
         self.store.mark_used(art.artifact_id)
+
+    def _release(self) -> None:
+        """The document this context held is no longer in use by it (`reset`, `close`)."""
+        held, self._held = getattr(self, "_held", None), None
+        if held is not None and not self.store.closed:
+            self.store.unpin(held)
 
     def _index_path(self, art: Artifact) -> Path:
         path = Path(self.store.path) / "indexes" / f"{art.artifact_id}.{self.config.summary}.faiss"
@@ -440,6 +449,7 @@ class TieredModel:
                 self.cache.flush(partial=False)
         finally:
             self.cache.close()
+            self._release()
             self._hook.remove()
             self._guard.remove()
             attention.unwrap(self.model)
