@@ -145,8 +145,8 @@ def test_case1_an_artifact_file_with_a_renamed_manifest_is_refused_by_import(tin
     from tieredkv.artifacts.portable import read_header
 
     header = read_header(tmp_path / "b.tkva")
-    sections = [(p.end - p.begin, p.sha256) for p in header.pages]
-    new_header = encode_header(forged, header.token_ids.sha256, sections)
+    sections = [(p.end - p.begin, p.digest) for p in header.pages]
+    new_header = encode_header(forged, header.token_ids.digest, sections)
     (tmp_path / "forged.tkva").write_bytes(new_header + raw[header.data_offset:])
     with PageStore(tmp_path / "t", StoreConfig()) as t:
         with pytest.raises(ArtifactIntegrityError, match="does not match its model, domain and root"):
