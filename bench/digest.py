@@ -1,6 +1,6 @@
 """Payload digests against a memory copy, over real page payloads, side by side in one run.
 
-The payloads are the K/V pages of a deposit (smollm2, 32-token pages: 1.5 MB each). Each repeat
+The payloads are the K/V pages of a deposit (smollm2, its 128-token pages: 5.9 MB each). Each repeat
 times every method once, in a rotated order, so a busy neighbour slows them alike:
 
     sha256            hashlib.sha256, page by page, one thread
@@ -48,15 +48,16 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=3072, help="tokens deposited (their pages are the payloads)")
-    p.add_argument("--page-size", type=int, default=32)
+    p.add_argument("--page-size", type=int, default=None, help="tokens per page (default: the model's)")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--out", default=str(DEFAULT_OUT))
     return p.parse_args()
 
 
-def real_payloads(model: str, num_tokens: int, page_size: int) -> tuple[list[bytes], dict]:
+def real_payloads(model: str, num_tokens: int, page_size: int | None) -> tuple[list[bytes], dict]:
     """Payloads of the pages a deposit of `num_tokens` corpus tokens writes, and what identifies them."""
     lm = load_model(model)
+    page_size = page_size or lm.default_page_size
     ids = lm.codec.encode(python_reference())[:num_tokens]
     with tempfile.TemporaryDirectory(prefix="bench-digest-") as tmp:
         store = PageStore(tmp + "/store", StoreConfig(host_budget_bytes=1 << 30, lmdb_map_size=2 << 30))
