@@ -13,7 +13,7 @@ import redis
 import torch
 
 import paging.remote_tier as remote_tier
-from paging import PageStore, StoreConfig
+from paging import FORMAT_VERSION, PageStore, StoreConfig
 from paging.framing import seal_value
 from testkit.redis_server import redis_server  # noqa: F401  (fixture)
 from tieredkv.artifacts.artifact import Artifact, deposit, graft, load_artifact
@@ -76,7 +76,7 @@ def test_case1_a_tampered_remote_manifest_is_refused_by_pull_graft_and_check(pus
     lm, a, b = pushed
     body = _renamed(b, a.artifact_id) if how.startswith("another") else _cut(a, 3)
     server = redis.Redis.from_url(redis_server.url)
-    server.set(f"tkv:v1:m:{a.artifact_id}", seal_value(body))  # its SHA-256 prefix recomputed, as in the issue
+    server.set(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}", seal_value(body))  # its SHA-256 prefix recomputed, as in the issue
     # pull: refused before anything is written (was: exit 0, the store then grafted B's K/V as A)
     code, _, err = run(capsys, "remote", "pull", "--store", str(tmp_path / "c"), "--remote", redis_server.url,
                        "--artifact", a.artifact_id)
