@@ -635,6 +635,7 @@ def tampered_manifests(world: World) -> dict[str, Any]:
 
 def _remote_tampering(world: World, store: Path, a, b, cases) -> list[dict[str, Any]]:
     from paging.framing import seal_value
+    from paging import FORMAT_VERSION
     from testkit.redis_server import RedisServer, server_binary
 
     if server_binary() is None:
@@ -646,10 +647,10 @@ def _remote_tampering(world: World, store: Path, a, b, cases) -> list[dict[str, 
         (push,) = tf.cli_many(["remote", "push", "--store", str(store), "--remote", server.url])
         assert push["rc"] == 0, push
         client = redis.Redis.from_url(server.url)
-        genuine = client.get(f"tkv:v1:m:{a.artifact_id}")
+        genuine = client.get(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}")
         names = [n for n, (stored_as, _) in cases.items() if stored_as == a.artifact_id]
         for name in names:
-            client.set(f"tkv:v1:m:{a.artifact_id}", seal_value(cases[name][1]))
+            client.set(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}", seal_value(cases[name][1]))
             pulled = world.root / "pulled"
             shutil.rmtree(pulled, ignore_errors=True)
             res = tf.cli_here(["remote", "pull", "--store", str(pulled), "--remote", server.url, "--artifact",
@@ -657,7 +658,7 @@ def _remote_tampering(world: World, store: Path, a, b, cases) -> list[dict[str, 
             nothing = not pulled.exists() or tf.artifact_roots(pulled) == {} and _num_pages(pulled) == 0
             out.append({"case": name, "detected": tf.is_one_line_error(res) and nothing,
                         "line": res["err"].strip()[:200]})
-        client.set(f"tkv:v1:m:{a.artifact_id}", genuine)
+        client.set(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}", genuine)
     return out
 
 

@@ -1,21 +1,25 @@
-"""Time to first token: recompute a long context, or graft its deposited KV pages.
+"""Time to first token: recompute a prefix, or graft its deposited KV pages from each tier.
 
-For each context length N (tokens of the Python language reference, repeated if short):
+For each model and prefix length N (tokens of the Python language reference, repeated if short),
+from one page up, every path ends with the same prompt prefilled after the prefix:
 
-    recompute    canonical prefill of the N tokens, then the prompt            -> first token
-    graft_host   graft the deposited pages from the host tier, then the prompt -> first token
-    graft_lmdb   store closed and reopened (host tier empty): graft from LMDB with SHA-256
-                 verification of every page, then the prompt; once with data.mdb in the OS
-                 page cache, once evicted from it first (cold: read from disk)
+    recompute     canonical prefill of the N tokens, then the prompt                  -> first token
+    host          graft from the host tier (verified when admitted)
+    lmdb          store reopened (host tier empty): graft from LMDB, every page's digest verified,
+                  with data.mdb in the OS page cache
+    lmdb_cold     the same, data.mdb evicted from the OS page cache first (read from disk)
+    redis         an empty local store backed by a real redis-server: pages fetched (one pipelined
+                  read), verified, then grafted
 
-The deposit itself (once per N, reusing the pages of the shorter contexts) is timed separately.
-Grafted first-token logits are checked SHA-256-equal to the recompute's. Restore throughput
-(KV bytes / graft seconds) is reported against this machine's memcpy and SHA-256 throughput,
-measured in the same run. A llama.cpp peer (state save/load on the same GGUF) is added when
-llama-cpp-python is importable.
+Grafts restore into a preallocated buffer (`graft(buffer=)`, as a session that grafts often does).
+Each repeat runs every path once, interleaved; medians are reported with every repeat. Grafted
+first-token logits must be SHA-256-equal to the recompute's. Per tier the report gives the speedup
+at each N and the crossover (the shortest N from which the graft is faster at every longer N).
+`restore` rows time `restore_pages` from LMDB (digest-verified) against `np.copyto` of the same
+bytes into a preallocated buffer, interleaved: the verified restore as a fraction of memcpy.
 
-    python bench/graft_vs_recompute.py                         # table; JSON to --out
-    python bench/graft_vs_recompute.py --contexts 512,2048 --json
+    python -m bench.graft_vs_recompute                                  # table; JSON to --out
+    python -m bench.graft_vs_recompute --models tiny-llama=32,1024 --repeats 2
 """
 from __future__ import annotations
 
@@ -26,259 +30,229 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from bench.common import (drop_file_cache, environment, markdown_table, memcpy_bytes_per_s,
-                    resident_fraction, sha256_bytes_per_s, sha256_ids, timed, write_report)
+from bench.common import drop_file_cache, environment, markdown_table, sha256_ids, timed, write_report
 
-from paging import PageStore, StoreConfig
+from paging import PageLayout, PageStore, StoreConfig
+from paging.restore import restore_nbytes
+from testkit.redis_server import RedisServer
 from tieredkv.artifacts.artifact import deposit, graft, prefill
-from tieredkv.question.corpus import python_reference, text_sha256
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
 from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
+from tieredkv.question.corpus import python_reference, text_sha256
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "graft_vs_recompute.json"
+DEFAULT_MODELS = "tiny-llama=32,128,512,2048,8192,32768;smollm2=128,512,2048,4096"
+TIERS = ("host", "lmdb", "lmdb_cold", "redis")
+STORE = dict(host_budget_bytes=8 << 30, lmdb_map_size=8 << 30)
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--contexts", default="2048,8192,32768", help="context lengths N in tokens, comma list")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats of each graft path (median reported)")
-    p.add_argument("--page-size", type=int, help="tokens per page (default: the model's)")
-    p.add_argument("--store", help="store directory (default: a temporary one); a kept store skips re-deposits")
+    p.add_argument("--models", default=DEFAULT_MODELS, help="model=N,N,...;model=N,... (prefix lengths in tokens)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every path (median reported)")
     p.add_argument("--out", default=str(DEFAULT_OUT))
-    p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer rows")
-    p.add_argument("--note", action="append", default=[], help="a note to record in the report (repeatable)")
-    p.add_argument("--json", action="store_true", help="also print the JSON report on stdout")
     return p.parse_args()
 
 
-def corpus_ids(lm, n: int) -> list[int]:
-    ids = lm.codec.encode(python_reference())
-    return (ids * (n // len(ids) + 1))[:n]
+def parse_models(spec: str) -> list[tuple[str, list[int]]]:
+    out = []
+    for part in filter(None, spec.split(";")):
+        model, _, lengths = part.partition("=")
+        out.append((model.strip(), sorted(int(n) for n in lengths.split(","))))
+    return out
 
 
+# ----------------------------------------------------------------------------- one path, one repeat
 @torch.inference_mode()
-def first_token(lm, cache, prompt: list[int], start: int, page_size: int) -> torch.Tensor:
-    """The prompt prefilled at [start, start+P) after `cache`; the logits of its last position [vocab]."""
-    return prefill(lm, prompt, cache, start=start, page_size=page_size)[0, -1]
-
-
-def run_recompute(lm, ids, prompt, page_size) -> dict[str, Any]:
+def recompute(lm, ids, prompt, page_size) -> tuple[float, torch.Tensor]:
+    """(seconds, first-token logits [vocab]) of a canonical prefill of `ids`, then the prompt."""
     from transformers import DynamicCache
 
     with timed() as t:
         cache = DynamicCache(config=lm.model.config)
         prefill(lm, ids, cache, page_size=page_size)
-        logits = first_token(lm, cache, prompt, len(ids), page_size)
-    del cache
-    return {"ttft_s": t["s"], "logits": logits}
+        logits = prefill(lm, prompt, cache, start=len(ids), page_size=page_size)[0, -1]
+    return t["s"], logits
 
 
-def run_graft(lm, art, store, prompt, page_size) -> dict[str, Any]:
-    with timed() as t_all:
-        with timed() as t_graft:
-            cache = graft(lm, art, store)
-        logits = first_token(lm, cache, prompt, art.num_tokens, page_size)
-    del cache
-    return {"ttft_s": t_all["s"], "graft_s": t_graft["s"], "logits": logits}
+class Paths:
+    """The graft paths of one prefix; each returns (seconds, first-token logits). Only the hit is timed:
+    a store is opened (and data.mdb evicted from the OS page cache) before the clock starts."""
+
+    def __init__(self, lm, art, prompt, page_size, store_dir: Path, redis_url: str, tmp: Path):
+        self.lm, self.art, self.prompt, self.ps = lm, art, prompt, page_size
+        self.store_dir, self.redis_url, self.tmp = store_dir, redis_url, tmp
+        layout = PageLayout.from_dict(art.layout)
+        self.buffer = torch.ones(restore_nbytes(art.num_tokens, layout), dtype=torch.uint8)  # touched
+
+    @torch.inference_mode()
+    def _graft(self, store, before: Callable[[], Any] = lambda: None) -> tuple[float, torch.Tensor]:
+        with timed() as t:
+            before()
+            cache = graft(self.lm, self.art, store, buffer=self.buffer)
+            logits = prefill(self.lm, self.prompt, cache, start=self.art.num_tokens, page_size=self.ps)[0, -1]
+        return t["s"], logits
+
+    def host(self, warm_store) -> tuple[float, torch.Tensor]:
+        return self._graft(warm_store)
+
+    def lmdb(self, cold: bool) -> tuple[float, torch.Tensor]:
+        with PageStore(self.store_dir, StoreConfig(**STORE)) as store:  # a fresh store: its host tier is empty
+            if cold:
+                drop_file_cache([self.store_dir / "data.mdb"])
+            return self._graft(store)
+
+    def redis(self) -> tuple[float, torch.Tensor]:
+        with tempfile.TemporaryDirectory(dir=self.tmp) as d, \
+                PageStore(Path(d) / "s", StoreConfig(remote=self.redis_url, **STORE)) as store:
+            # one pipelined read; every page verified before it is kept
+            return self._graft(store, before=lambda: store.prefetch(self.art.page_keys))
 
 
-def summarize(system: str, n: int, runs: list[dict[str, Any]], kv_bytes: int, ref_sha: str,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    shas = {sha256_tensor(r["logits"]) for r in runs}
+def interleave(fns: dict[str, Callable[[], tuple[float, Any]]], repeats: int) -> dict[str, list[tuple[float, Any]]]:
+    """Each call once per repeat, the order rotated by one per repeat; each returns (seconds, result)."""
+    out: dict[str, list[tuple[float, Any]]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name].append(fns[name]())
+    return out
+
+
+def measure_prefix(lm, ids, prompt, page_size, store_dir: Path, redis_url: str, tmp: Path,
+                   repeats: int) -> list[dict[str, Any]]:
+    """Deposit the prefix (extending the store's earlier ones), then every path interleaved: one row each."""
+    with PageStore(store_dir, StoreConfig(remote=redis_url, **STORE)) as store:
+        with timed() as t_dep:
+            art = deposit(lm, ids, store, page_size=page_size)  # write-through: the redis server holds it too
+        kv_bytes = sum(store.get(k).nbytes for k in art.page_keys)  # warms the host tier
+        paths = Paths(lm, art, prompt, page_size, store_dir, redis_url, tmp)
+        fns = {"recompute": lambda: recompute(lm, ids, prompt, page_size), "host": lambda: paths.host(store)}
+        fns["host"]()  # warm up
+        runs = interleave(fns, repeats)
+    runs |= interleave({"lmdb": lambda: paths.lmdb(False), "lmdb_cold": lambda: paths.lmdb(True),
+                        "redis": paths.redis}, repeats)
+    ref = sha256_tensor(runs["recompute"][0][1])
+    base = {"context_tokens": len(ids), "kv_bytes": kv_bytes, "pages": len(art.page_keys),
+            "artifact": art.artifact_id, "root_sha256": art.root_sha256, "deposit_s": t_dep["s"]}
+    return [summarize(name, runs[name], ref, base) for name in ("recompute", *TIERS)]
+
+
+def summarize(path: str, runs: list[tuple[float, Any]], ref_sha: str, base: dict[str, Any]) -> dict[str, Any]:
+    shas = {sha256_tensor(logits) for _, logits in runs}
     sha = shas.pop() if len(shas) == 1 else "differs between repeats"
-    row = {"system": system, "context_tokens": n, "kv_bytes": kv_bytes,
-           "ttft_s": statistics.median(r["ttft_s"] for r in runs), "ttft_s_all": [r["ttft_s"] for r in runs],
-           "first_token_logits_sha256": sha, "logits_sha256_equal_recompute": sha == ref_sha,
-           "first_token_id": int(runs[0]["logits"].argmax())}
-    if "graft_s" in runs[0]:
-        row["graft_s"] = statistics.median(r["graft_s"] for r in runs)
-        row["restore_bytes_per_s"] = kv_bytes / row["graft_s"]
-    return {**row, **(extra or {})}
+    secs = [s for s, _ in runs]
+    return {**base, "path": path, "ttft_s": statistics.median(secs), "ttft_s_all": secs,
+            "first_token_logits_sha256": sha, "logits_sha256_equal_recompute": sha == ref_sha}
 
 
-# ----------------------------------------------------------------------------- llama.cpp peer
-def llama_cpp_rows(contexts: list[int], ids_all: list[int], prompt: list[int], threads: int) -> tuple[list[dict[str, Any]], str]:
-    """llama.cpp on the same GGUF (its own Q4_1 kernels, so other floats): eval vs state save/load.
+def restore_vs_memcpy(store_dir: Path, keys: list[str], repeats: int) -> dict[str, Any]:
+    """restore_pages from LMDB (verified, into a preallocated buffer) against np.copyto of the same bytes."""
+    with PageStore(store_dir, StoreConfig(**STORE)) as store:
+        payloads = np.frombuffer(b"".join(store.lmdb_tier.get(k).payload for k in keys), dtype=np.uint8)
+    dst = np.ones_like(payloads)
+    buffer = torch.ones(len(payloads), dtype=torch.uint8)
 
-    Uses only llama-cpp-python's stable `Llama.eval / save_state / load_state / reset`.
-    """
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        return [], f"llama-cpp-python not importable ({exc}); peer rows skipped"
-    from tieredkv.models.loading import smollm2_gguf_path
+    def restore():
+        with PageStore(store_dir, StoreConfig(**STORE)) as store:
+            with timed() as t:  # the store's open is not the restore's
+                store.restore(keys, buffer=buffer)
+        return t["s"], None
 
+    def memcpy():
+        with timed() as t:
+            np.copyto(dst, payloads)
+        return t["s"], None
+
+    runs = interleave({"restore": restore, "memcpy": memcpy}, repeats + 1)
+    restore_s = [s for s, _ in runs["restore"][1:]]  # the first is a warm-up
+    memcpy_s = [s for s, _ in runs["memcpy"][1:]]
+    return {"pages": len(keys), "nbytes": len(payloads), "restore_s_all": restore_s, "memcpy_s_all": memcpy_s,
+            "restore_gb_per_s": len(payloads) / statistics.median(restore_s) / 1e9,
+            "memcpy_gb_per_s": len(payloads) / statistics.median(memcpy_s) / 1e9,
+            "restore_vs_memcpy": statistics.median(memcpy_s) / statistics.median(restore_s)}
+
+
+# ----------------------------------------------------------------------------- per model, crossover
+def run_model(model: str, lengths: list[int], repeats: int, redis_url: str, tmp: Path) -> dict[str, Any]:
+    lm = load_model(model)
+    page_size = lm.default_page_size
+    corpus = lm.codec.encode(python_reference())
+    ids_all = (corpus * (max(lengths) // len(corpus) + 1))[:max(lengths)]
+    prompt = lm.codec.encode(PROMPT)
+    recompute(lm, ids_all[:2 * page_size], prompt, page_size)  # warm up: fault the weights in
+    store_dir = tmp / f"{model}-store"
     rows = []
-    llm = llama_cpp.Llama(model_path=str(smollm2_gguf_path()), n_ctx=max(contexts) + len(prompt) + 64,
-                          n_threads=threads, n_threads_batch=threads, verbose=False)
-    llm.eval(ids_all[:64])  # warm up
-    for n in contexts:
-        ids = ids_all[:n]
-        llm.reset()
-        with timed() as t_prefix:
-            llm.eval(ids)
-        with timed() as t_save:
-            state = llm.save_state()
-        with timed() as t_prompt:
-            llm.eval(prompt)
-        rows.append({"system": "llama.cpp recompute", "context_tokens": n, "ttft_s": t_prefix["s"] + t_prompt["s"],
-                     "state_save_s": t_save["s"], "kv_bytes": int(state.llama_state_size)})
-        runs = []
-        for _ in range(3):
-            llm.reset()
-            with timed() as t:
-                llm.load_state(state)
-                llm.eval(prompt)
-            runs.append(t["s"])
-        load_s = []
-        for _ in range(3):
-            llm.reset()
-            with timed() as t_load:
-                llm.load_state(state)
-            load_s.append(t_load["s"])
-        rows.append({"system": "llama.cpp state load (host)", "context_tokens": n,
-                     "ttft_s": statistics.median(runs), "ttft_s_all": runs, "graft_s": statistics.median(load_s),
-                     "kv_bytes": int(state.llama_state_size),
-                     "restore_bytes_per_s": state.llama_state_size / statistics.median(load_s)})
-        del state
-    del llm
-    return rows, f"llama-cpp-python {llama_cpp.__version__}, n_threads={threads}, default n_batch"
+    for n in lengths:
+        print(f"# {model} N={n} ...", file=sys.stderr)
+        rows += measure_prefix(lm, ids_all[:n], prompt, page_size, store_dir, redis_url, tmp, repeats)
+    restore = restore_vs_memcpy(store_dir, load_keys(store_dir, rows[-1]["artifact"]), repeats)
+    add_speedups(rows)
+    domain = determinism_domain(lm.model, lm.fingerprint, page_size)
+    return {"model": model, "model_fingerprint": lm.fingerprint, "page_size": page_size, "domain_id": domain_id(domain),
+            "inputs": {str(n): sha256_ids(ids_all[:n]) for n in lengths}, "prompt_token_ids_sha256": sha256_ids(prompt),
+            "rows": rows, "crossover_tokens": crossover(rows), "restore": restore}
+
+
+def load_keys(store_dir: Path, artifact_id: str) -> list[str]:
+    from tieredkv.artifacts.artifact import load_artifact
+
+    with PageStore(store_dir, StoreConfig(**STORE)) as store:
+        return list(load_artifact(store, artifact_id).page_keys)
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    base = {r["context_tokens"]: r["ttft_s"] for r in rows if r["path"] == "recompute"}
+    for r in rows:
+        r["speedup_vs_recompute"] = base[r["context_tokens"]] / r["ttft_s"]
+
+
+def crossover(rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per tier: the shortest N from which its graft beats recompute at every measured N (None: never)."""
+    out = {}
+    for tier in TIERS:
+        wins = sorted((r["context_tokens"], r["speedup_vs_recompute"] > 1) for r in rows if r["path"] == tier)
+        losing = [n for n, win in wins if not win]
+        later = [n for n, _ in wins if not losing or n > max(losing)]
+        out[tier] = later[0] if later else None
+    return out
 
 
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     args = parse_args()
-    contexts = sorted(int(c) for c in args.contexts.split(","))
-    env = environment()
-    print("# measuring ceilings ...", file=sys.stderr)
-    ceilings = {"memcpy_bytes_per_s": memcpy_bytes_per_s(),
-                "memcpy_preallocated_bytes_per_s": memcpy_bytes_per_s(preallocated=True),
-                "sha256_bytes_per_s": sha256_bytes_per_s(),
-                "memcpy_method": "torch.Tensor.clone of 1 GiB uint8 (allocate + copy), best of 3; "
-                                 "preallocated: Tensor.copy_ into a touched 1 GiB buffer",
-                "sha256_method": "hashlib.sha256 over 256 MiB, one stream, best of 2"}
-
-    lm = load_model(args.model)
-    page_size = args.page_size or lm.default_page_size
-    ids_all = corpus_ids(lm, max(contexts))
-    prompt = lm.codec.encode(PROMPT)
-    with torch.inference_mode():  # warm up: the first forwards fault the weights in
-        run_recompute(lm, ids_all[:2 * page_size], prompt, page_size)
-
-    tmp = None
-    store_dir = args.store
-    if store_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="bench-graft-")
-        store_dir = tmp.name + "/store"
-    store_cfg = StoreConfig(host_budget_bytes=8 << 30, lmdb_map_size=4 << 30)
-    rows, inputs, notes = [], {}, list(args.note)
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    try:
-        for n in contexts:
-            ids = ids_all[:n]
-            inputs[str(n)] = {"token_ids_sha256": sha256_ids(ids)}
-            print(f"# N={n}: recompute ...", file=sys.stderr)
-            rec = run_recompute(lm, ids, prompt, page_size)
-            ref_sha = sha256_tensor(rec["logits"])
-
-            store = PageStore(store_dir, store_cfg)
-            try:
-                before = store.lmdb_tier.num_pages
-                print(f"# N={n}: deposit ...", file=sys.stderr)
-                with timed() as t_dep:
-                    art = deposit(lm, ids, store, page_size=page_size)
-                new_pages = store.lmdb_tier.num_pages - before
-                kv_bytes = sum(store.get(k).nbytes for k in art.page_keys)
-                rows.append(summarize("recompute", n, [rec], kv_bytes, ref_sha,
-                                      {"deposit_s": t_dep["s"], "deposit_new_pages": new_pages,
-                                       "artifact": art.artifact_id, "root_sha256": art.root_sha256}))
-                print(f"# N={n}: graft from host ...", file=sys.stderr)
-                run_graft(lm, art, store, prompt, page_size)  # warm
-                runs = [run_graft(lm, art, store, prompt, page_size) for _ in range(args.repeats)]
-                rows.append(summarize("graft (host tier)", n, runs, kv_bytes, ref_sha))
-            finally:
-                store.close()
-
-            data_mdb = Path(store_dir) / "data.mdb"
-            for cold in (False, True):
-                print(f"# N={n}: graft from LMDB ({'cold' if cold else 'OS page cache warm'}) ...", file=sys.stderr)
-                runs, resident, method = [], [], "not dropped"
-                for _ in range(args.repeats):
-                    if cold:
-                        method = drop_file_cache([data_mdb])
-                    resident.append(resident_fraction(data_mdb))
-                    store = PageStore(store_dir, store_cfg)  # a fresh store: its host tier is empty
-                    try:
-                        runs.append(run_graft(lm, art, store, prompt, page_size))
-                        verified = store.stats()["integrity"]["verified_reads"]
-                    finally:
-                        store.close()
-                system = "graft (LMDB cold, SHA-256)" if cold else "graft (LMDB OS-cached, SHA-256)"
-                rows.append(summarize(system, n, runs, kv_bytes, ref_sha,
-                                      {"page_cache": method, "resident_fraction_before": resident,
-                                       "verified_pages": verified}))
-            del rec
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-
-    if not args.no_llama_cpp and args.model == "smollm2":
-        peer, note = llama_cpp_rows(contexts, ids_all, prompt, torch.get_num_threads())
-        rows += peer
-        notes.append(note)
-    elapsed = time.perf_counter() - started
-
-    by = {(r["system"], r["context_tokens"]): r for r in rows}
-    for r in rows:
-        base_name = "llama.cpp recompute" if r["system"].startswith("llama.cpp") else "recompute"
-        base = by.get((base_name, r["context_tokens"]))
-        if base is not None:
-            r["speedup_vs_recompute"] = base["ttft_s"] / r["ttft_s"]
-        if "restore_bytes_per_s" in r:
-            r["restore_vs_memcpy"] = r["restore_bytes_per_s"] / ceilings["memcpy_bytes_per_s"]
-
-    domain = determinism_domain(lm.model, lm.fingerprint, page_size)
-    report = {
-        "bench": "graft_vs_recompute", "hardware": env, "ceilings": ceilings,
-        "config": {"model": args.model, "contexts": contexts, "page_size": page_size, "repeats": args.repeats,
-                   "prompt": PROMPT, "prompt_tokens": len(prompt), "store": store_cfg.__dict__,
-                   "ttft": "wall seconds from an empty cache to the first token's logits (prompt included)"},
-        "model_fingerprint": lm.fingerprint, "domain": domain, "domain_id": domain_id(domain),
-        "inputs": {"corpus": "python_reference()", "corpus_sha256": text_sha256(python_reference()),
-                   "prompt_token_ids_sha256": sha256_ids(prompt), "contexts": inputs},
-        "outputs": {str(r["context_tokens"]) + " " + r["system"]: r.get("first_token_logits_sha256")
-                    for r in rows if "first_token_logits_sha256" in r},
-        "rows": rows, "notes": notes, "seconds": round(elapsed, 1),
-        "load_average_1_5_15": {"start": load_before, "end": os.getloadavg()},
-    }
-    write_report(args.out, report, print_json=args.json)
-
-    out = sys.stderr if args.json else sys.stdout
-    print(f"# {env['cpu']}, {env['cores']} cores, torch threads {env['torch_threads']}, "
-          f"torch {env['torch']}, transformers {env['transformers']}", file=out)
-    print(f"# model {args.model} ({lm.fingerprint[:12]}), page {page_size} tokens; memcpy "
-          f"{ceilings['memcpy_bytes_per_s'] / 1e9:.2f} GB/s, sha256 {ceilings['sha256_bytes_per_s'] / 1e9:.2f} GB/s",
-          file=out)
-    table = []
-    for r in rows:
-        eq = r.get("logits_sha256_equal_recompute")
-        table.append({**r, "restore_gb_per_s": r["restore_bytes_per_s"] / 1e9 if "restore_bytes_per_s" in r else None,
-                      "kv_mib": r["kv_bytes"] / (1 << 20) if r.get("kv_bytes") else None,
-                      "exact": None if eq is None else ("yes" if eq else "NO")})
-    print(markdown_table(table, [("N", "context_tokens", "d"), ("system", "system", "s"), ("TTFT s", "ttft_s", ".3f"),
-                                ("graft s", "graft_s", ".3f"), ("speedup", "speedup_vs_recompute", ".1f"),
-                                ("KV MiB", "kv_mib", ".1f"), ("restore GB/s", "restore_gb_per_s", ".2f"),
-                                ("logits = recompute", "exact", "s")]), file=out)
-    for note in notes:
-        print(f"# note: {note}", file=out)
-    print(f"# {elapsed:.0f} s; JSON: {args.out}", file=out)
+    env, started, load_before = environment(), time.perf_counter(), os.getloadavg()
+    models = []
+    with tempfile.TemporaryDirectory(prefix="bench-graft-") as tmp, RedisServer(Path(tmp) / "redis") as server:
+        for model, lengths in parse_models(args.models):
+            models.append(run_model(model, lengths, args.repeats, server.url, Path(tmp)))
+    report = {"bench": "graft_vs_recompute", "hardware": env, "models": models,
+              "config": {"models": args.models, "repeats": args.repeats, "prompt": PROMPT, "store": STORE,
+                         "ttft": "wall seconds from an empty cache to the first token's logits (prompt included)",
+                         "graft_buffer": "preallocated, touched restore buffer (graft(buffer=))"},
+              "inputs": {"corpus": "python_reference()", "corpus_sha256": text_sha256(python_reference())},
+              "outputs": {f"{m['model']} {r['context_tokens']} {r['path']}": r["first_token_logits_sha256"]
+                          for m in models for r in m["rows"]},
+              "all_logits_sha256_equal_recompute": all(r["logits_sha256_equal_recompute"]
+                                                       for m in models for r in m["rows"]),
+              "seconds": round(time.perf_counter() - started, 1),
+              "load_average_1_5_15": {"start": load_before, "end": os.getloadavg()}}
+    write_report(args.out, report)
+    print(f"# {env['cpu']}, {env['cores']} cores, torch threads {env['torch_threads']}; median of {args.repeats}")
+    for m in models:
+        print(f"\n## {m['model']} (page {m['page_size']} tokens); crossover: {m['crossover_tokens']}")
+        print(markdown_table(m["rows"], [("N", "context_tokens", "d"), ("path", "path", "s"),
+                                         ("TTFT s", "ttft_s", ".4f"), ("x recompute", "speedup_vs_recompute", ".1f"),
+                                         ("logits = recompute", "logits_sha256_equal_recompute", "")]))
+        print(f"restore from LMDB, verified: {m['restore']['restore_gb_per_s']:.2f} GB/s = "
+              f"{m['restore']['restore_vs_memcpy']:.2f} of memcpy ({m['restore']['memcpy_gb_per_s']:.2f} GB/s)")
+    print(f"# {report['seconds']:.0f} s; JSON: {args.out}")
 
 
 if __name__ == "__main__":

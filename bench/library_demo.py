@@ -206,9 +206,10 @@ def fresh_recall_logits_sha(lm, store, artifact_id: str) -> str:
 
 
 def artifact_sha(store, artifact_id: str) -> str:
-    """Commits to every page of an artifact: keys (model, token ids, positions) and K/V payload hashes."""
+    """Commits to every page of an artifact: keys (model, token ids, positions) and the SHA-256 of each K/V
+    payload (computed here, not the page's own digest, so the value does not depend on the page format)."""
     art = load_artifact(store, artifact_id)
-    return sha_json([[k, store.get(k).payload_sha256] for k in art.page_keys])
+    return sha_json([[k, hashlib.sha256(store.get(k).payload).hexdigest()] for k in art.page_keys])
 
 
 # ----------------------------------------------------------------------------- the run

@@ -147,7 +147,7 @@ def fresh_memory(nbytes: int, tmp: str) -> dict[str, float]:
     """Seconds to write `nbytes` into fresh memory and again into the same memory; and into a new file
     (the page cache's first write, in 6 MB pieces as LMDB commits a page) and again over its cached pages.
     A deposit writes its pages into both kinds of fresh memory: a VM that hands free memory back to its
-    host pays a host fault there on every first write (docs/PERFORMANCE.md, "Where a deposit's time goes")."""
+    host pays a host fault there on every first write (lab/NOTEBOOK.md, "Where a deposit's time goes")."""
     out = {}
     with timed() as t:
         buf = torch.empty(nbytes, dtype=torch.uint8).fill_(1)

@@ -48,7 +48,7 @@ class HostTier(Tier):
             buf.numpy()[:] = np.frombuffer(page.payload, dtype=np.uint8)  # one copy, from the immutable bytes
             fields = {name: getattr(page, name) for name in
                       ("key", "parent_key", "fingerprint", "start", "token_ids", "layout",
-                       "payload_sha256")}
+                       "payload_blake3")}
             self._pinned[page.key] = (fields, buf)
         else:
             self._pages[page.key] = page

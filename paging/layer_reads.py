@@ -1,37 +1,33 @@
 """One layer of a page read from LMDB without reading the other layers.
 
-A page holds every layer's K/V under one SHA-256 (the page format): verifying it means hashing the
+A page holds every layer's K/V under one digest (the page format): verifying it means hashing the
 whole payload, 30x more bytes than a retrieving layer needs for smollm2. When the host tier cannot
 hold a context, every miss paid for that, and ingest and decode fell off a cliff (bench/
 memory_vs_context.py with --host-budget-gib below the context's pages).
 
-So the first time a page is read whole and verified, the SHA-256 of each layer's [2, Hkv, T, D]
-block is kept in memory (32 bytes per layer; derived from verified bytes, never read from disk).
+So the first time a page is read whole and verified, the digest (`payload_digest`) of each layer's
+[2, Hkv, T, D] block is kept in memory (64 hex characters per layer; derived from verified bytes, never read from disk).
 Later misses of that page read one layer's bytes zero-copy from LMDB, hash them, and copy them out
 only if they hash to the digest: exactly the bytes that were verified before, or nothing.
 
-    payload  | layer 0: K, V | layer 1: K, V | ... |      digests: sha256 of each block
+    payload  | layer 0: K, V | layer 1: K, V | ... |      digests: payload_digest of each block
                   ^ a miss of layer 1 reads and hashes this block only
 """
 from __future__ import annotations
-
-import hashlib
 
 import numpy as np
 import torch
 
 from .framing import PREFIX, unpack_prefix
 from .layout import PageLayout
-from .page import Page
-
-DIGEST_NBYTES = 32
+from .page import Page, payload_digest
 
 
 class LayerDigests:
-    """page key -> (layout, tokens, the SHA-256 of each layer's K/V block), from verified pages."""
+    """page key -> (layout, tokens, the digest of each layer's K/V block), from verified pages."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[PageLayout, int, bytes]] = {}
+        self._entries: dict[str, tuple[PageLayout, int, tuple[str, ...]]] = {}
         self.num_reads = 0  # layers read and verified alone
         self.num_mismatches = 0  # layer bytes that did not hash to their digest (the page is re-read whole)
 
@@ -44,7 +40,7 @@ class LayerDigests:
             return
         n = page.layout.layer_nbytes(page.num_tokens)
         mv = memoryview(page.payload)
-        digests = b"".join(hashlib.sha256(mv[i * n:(i + 1) * n]).digest() for i in range(page.layout.num_layers))
+        digests = tuple(payload_digest(mv[i * n:(i + 1) * n]) for i in range(page.layout.num_layers))
         self._entries[page.key] = (page.layout, page.num_tokens, digests)
 
     def forget(self, key: str) -> None:
@@ -71,8 +67,7 @@ class LayerDigests:
                 present = True
                 start = PREFIX.size + unpack_prefix(raw)[2] + layer * n
                 piece = raw[start:start + n]
-                want = digests[layer * DIGEST_NBYTES:(layer + 1) * DIGEST_NBYTES]
-                if len(piece) == n and hashlib.sha256(piece).digest() == want:
+                if len(piece) == n and payload_digest(piece) == digests[layer]:
                     out = torch.empty(n, dtype=torch.uint8)
                     out.numpy()[:] = np.frombuffer(piece, dtype=np.uint8)
                 del piece

@@ -33,7 +33,7 @@ from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, Page
                      StoreClosedError, StoreCorruptedError, StoreFullError, StoreIntegrityError,
                      StoreReadOnlyError)
 from .commit_record import CommitRecord, compare, read_record, write_record
-from .page import FORMAT_VERSION, Page, is_valid_page
+from .page import FORMAT_VERSION, Page, format_note, is_valid_page
 from .pause_points import pause_point
 from .framing import body_len, open_value, seal_value
 from .store_lock import WriterLock
@@ -369,8 +369,9 @@ class LMDBTier(Tier):
             self._write(lambda txn: txn.put(_FORMAT, str(FORMAT_VERSION).encode(),
                                             db=self._dbs["meta"]))
         elif stored is not None and stored != str(FORMAT_VERSION).encode():
-            raise PagingError(f"store {self.path} holds page format {stored.decode()!r}; "
-                              f"this build writes {FORMAT_VERSION} — use a matching build")
+            raise PagingError(f"store {self.path} holds page format {stored.decode()!r}; this build reads "
+                              f"{FORMAT_VERSION} ({format_note(stored)}) — re-deposit into a new store or "
+                              "open it with the build that wrote it")
 
     def _unregister(self) -> None:
         with _OPEN_LOCK:

@@ -17,9 +17,14 @@ Wire framing (`to_bytes` / `from_bytes`)::
 
 The header is canonical JSON (sorted keys, compact, ASCII) of every field but the payload,
 plus `header_sha256` = sha256 of the canonical JSON of the other header fields.
-NOTE: the key binds fingerprint, parent, start and tokens and `payload_sha256` binds the
+NOTE: the key binds fingerprint, parent, start and tokens and `payload_blake3` binds the
 payload, but nothing else binds the layout; `header_sha256` closes that gap so that any
 changed header byte is detected.
+
+Digests: SHA-256 names things (page keys, the chain, headers); the payload's checksum is BLAKE3
+(`payload_digest`), several times faster per core on megabyte payloads (bench/digest.py), so a
+verified restore is not bound by hashing. Version 1 pages carried `payload_sha256` instead: this
+build reads one as corrupt (never served), and refuses a version 1 store or file at open.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
+import blake3
 import numpy as np
 import torch
 
@@ -38,16 +44,28 @@ from .errors import CorruptPageError, LayoutMismatchError, PagingError
 from .framing import PREFIX, canonical_json, is_int, pack_prefix, strict_json, unpack_prefix
 from .layout import PageLayout
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+LEGACY_FORMAT_VERSIONS = frozenset({1})  # payload_sha256: refused, never misread
 ROOT_KEY = "0" * 64
 MAGIC = b"TKVP"
 MAX_HEADER_NBYTES = 1 << 20
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _HEADER_FIELDS = frozenset(
-    {"key", "parent_key", "fingerprint", "start", "token_ids", "layout", "payload_sha256",
+    {"key", "parent_key", "fingerprint", "start", "token_ids", "layout", "payload_blake3",
      "header_sha256"}
 )
+
+
+def format_note(version: bytes | int) -> str:
+    """Why a stored format version is not this build's, in a few words (for refusals)."""
+    legacy = str(version.decode() if isinstance(version, bytes) else version) in map(str, LEGACY_FORMAT_VERSIONS)
+    return "its payload digests are SHA-256, this build's are BLAKE3" if legacy else "an unknown format"
+
+
+def payload_digest(data: bytes | bytearray | memoryview) -> str:
+    """The checksum of a page payload: BLAKE3, 64 hex characters, one thread (callers hash pages in parallel)."""
+    return blake3.blake3(data).hexdigest()
 
 
 def _check_hex64(name: str, value: Any) -> str:
@@ -97,7 +115,7 @@ class PageHeader:
     start: int
     token_ids: tuple[int, ...]
     layout: PageLayout
-    payload_sha256: str
+    payload_blake3: str
 
     @property
     def num_tokens(self) -> int:
@@ -113,7 +131,7 @@ class Page(PageHeader):
 
     def __post_init__(self) -> None:
         # NOTE: structural checks only; hashes are verified by `from_bytes`.
-        for name in ("key", "parent_key", "fingerprint", "payload_sha256"):
+        for name in ("key", "parent_key", "fingerprint", "payload_blake3"):
             _check_hex64(name, getattr(self, name))
         if not 1 <= len(self.token_ids) <= self.layout.page_size:
             raise LayoutMismatchError(
@@ -157,7 +175,7 @@ class Page(PageHeader):
         key = page_key(fingerprint, parent_key, ids, start)
         return cls(key=key, parent_key=parent_key, fingerprint=fingerprint, start=int(start),
                    token_ids=ids, layout=layout,
-                   payload_sha256=hashlib.sha256(payload).hexdigest(), payload=payload)
+                   payload_blake3=payload_digest(payload), payload=payload)
 
     @property
     def nbytes(self) -> int:
@@ -200,7 +218,7 @@ class Page(PageHeader):
         return {"key": self.key, "parent_key": self.parent_key,
                 "fingerprint": self.fingerprint, "start": self.start,
                 "token_ids": list(self.token_ids), "layout": self.layout.to_dict(),
-                "payload_sha256": self.payload_sha256}
+                "payload_blake3": self.payload_blake3}
 
     def to_bytes(self) -> bytes:
         """Self-describing wire form (see module docstring)."""
@@ -218,8 +236,8 @@ class Page(PageHeader):
         a hostile header cannot make us allocate.
         """
         header, payload = cls.open_bytes(buf, expected_key=expected_key)
-        if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
-            raise CorruptPageError(expected_key, "payload_sha256 mismatch: the payload was altered")
+        if payload_digest(payload) != header.payload_blake3:
+            raise CorruptPageError(expected_key, "payload_blake3 mismatch: the payload was altered")
         return cls(**vars(header), payload=bytes(payload))
 
     @staticmethod
@@ -228,7 +246,7 @@ class Page(PageHeader):
         """Parse and check a page's framing and header, without hashing its payload.
 
         Returns the header and a zero-copy view of the payload. NOTE: the payload is NOT verified
-        yet: check sha256(payload) == header.payload_sha256 before the bytes are used (`from_bytes`
+        yet: check payload_digest(payload) == header.payload_blake3 before the bytes are used (`from_bytes`
         does; restore.py hashes each page before it copies it). Any other failure raises CorruptPageError.
         """
         try:
@@ -252,6 +270,9 @@ def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memory
     magic, version, header_len = unpack_prefix(mv)
     if magic != MAGIC:
         raise corrupt_page(f"bad magic {magic!r}, expected {MAGIC!r}")
+    if version in LEGACY_FORMAT_VERSIONS:
+        raise corrupt_page(f"page format version {version} (SHA-256 payload digests); this build reads version "
+                           f"{FORMAT_VERSION}: re-deposit its text with this build")
     if version != FORMAT_VERSION:
         raise corrupt_page(f"page format version {version}; this build reads version {FORMAT_VERSION}")
     if header_len > MAX_HEADER_NBYTES:
@@ -269,7 +290,7 @@ def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memory
         raise corrupt_page(f"header must be an object with fields {sorted(_HEADER_FIELDS)}, got {got}")
     if canonical_json(hdr) != raw:
         raise corrupt_page("header is not in canonical form")
-    for name in ("key", "parent_key", "fingerprint", "payload_sha256", "header_sha256"):
+    for name in ("key", "parent_key", "fingerprint", "payload_blake3", "header_sha256"):
         _check_hex64(name, hdr[name])
     ids = hdr["token_ids"]
     # NOTE: json gives int, bool, float, ... exactly (never a subclass); type() is bool-safe and C-speed
@@ -296,9 +317,9 @@ def _parse(mv: memoryview, expected_key: str | None) -> tuple[PageHeader, memory
         raise corrupt_page(f"key mismatch: header says {hdr['key']}, contents hash to {key}")
     if expected_key is not None and key != expected_key:
         raise corrupt_page(f"stored under {expected_key} but the page is {key}")
-    # the payload's sha256 is checked by the caller (from_bytes, or restore.py before copying)
+    # the payload's digest is checked by the caller (from_bytes, or restore.py before copying)
     return PageHeader(key, hdr["parent_key"], hdr["fingerprint"], hdr["start"], tuple(ids), layout,
-                      hdr["payload_sha256"]), payload
+                      hdr["payload_blake3"]), payload
 
 
 def is_valid_page(raw: bytes | memoryview, key: str) -> bool:

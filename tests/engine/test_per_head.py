@@ -192,7 +192,7 @@ def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_p
         cfg = TieredConfig(**SMALL, position="fixed", reading=reading, retrieval=mode)
         with tiered(lm, tmp_path / mode, cfg) as tm:
             art = tm.ingest(doc)
-            stored[mode] = tm.store.get(art.page_keys[-1]).payload_sha256
+            stored[mode] = tm.store.get(art.page_keys[-1]).payload_blake3
             tm.keep_in_memory()
             read(tm.cache, question, "where is the quokka", reading, lm.codec)
             got[mode] = tm.prefill(question, logits_to_keep=0)

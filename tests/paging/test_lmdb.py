@@ -337,3 +337,18 @@ def test_use_after_fork_refused(tmp_path):
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert tier.get("11" * 32) is None  # the parent's own use is unaffected
+
+
+def test_store_of_the_sha256_page_format_is_refused_at_open(tmp_path):
+    """A store written by a build whose pages carried SHA-256 payload digests is refused, never misread."""
+    with LMDBTier(tmp_path / "s") as tier:
+        tier.put(make_chain(1)[0])
+    env = raw_env(tmp_path / "s")
+    try:
+        with env.begin(write=True, db=env.open_db(b"meta")) as txn:
+            txn.put(b"__paging.format_version", b"1")
+    finally:
+        env.close()
+    with pytest.raises(PagingError, match="holds page format '1'; this build reads 2 .its payload digests are "
+                                          "SHA-256, this build's are BLAKE3. — re-deposit into a new store"):
+        LMDBTier(tmp_path / "s")

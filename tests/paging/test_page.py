@@ -271,3 +271,32 @@ def test_malicious_headers_are_rejected():
             Page.from_bytes(buf)
     # control: the same construction with the genuine fields parses
     assert Page.from_bytes(_frame(_signed(good), page.payload)) == page
+
+
+# -- the payload digest -----------------------------------------------------------------
+def _as_version_1(page: Page) -> bytes:
+    """`page` framed as version 1 wrote it: `payload_sha256` in the header, its own header digest intact."""
+    import hashlib
+
+    from paging.framing import canonical_json, pack_prefix
+    fields = {**page._header_fields(), "payload_sha256": hashlib.sha256(page.payload).hexdigest()}
+    del fields["payload_blake3"]
+    fields["header_sha256"] = _header_digest(fields)
+    header = canonical_json(fields)
+    return pack_prefix(b"TKVP", 1, len(header)) + header + page.payload
+
+
+def test_payload_digest_is_blake3_of_the_payload():
+    import blake3
+
+    page, _, _ = make_page()
+    assert FORMAT_VERSION == 2
+    assert page.payload_blake3 == blake3.blake3(page.payload).hexdigest()
+    assert Page.from_bytes(page.to_bytes()) == page
+
+
+def test_version_1_page_is_refused_not_misread():
+    page, _, _ = make_page()
+    with pytest.raises(CorruptPageError, match="page format version 1 .SHA-256 payload digests.; this build reads "
+                                               "version 2: re-deposit its text with this build"):
+        Page.from_bytes(_as_version_1(page), expected_key=page.key)

@@ -116,7 +116,7 @@ def test_tampered_remote_page_is_never_served_or_kept(redis_server, tmp_path):
     value = r.get(name)
     r.set(name, value[:-8] + b"\x00" * 8)
     with PageStore(tmp_path / "b", cfg(redis_server.url)) as b:
-        with pytest.raises(CorruptPageError, match="payload_sha256 mismatch"):
+        with pytest.raises(CorruptPageError, match="payload_blake3 mismatch"):
             b.get(pages[1].key)
         assert not b.lmdb_tier.contains(pages[1].key) and b.host_tier.num_pages == 0
         assert b.stats()["remote"]["corrupt_detected"] == 1

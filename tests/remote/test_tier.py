@@ -107,8 +107,8 @@ def test_two_models_two_namespaces(redis_server):
     a, b = make_chain(2, fp=FP), make_chain(2, fp=FP2, seed=1)
     RemoteTier(redis_server.url).put_many(a + b)
     names = {k.decode() for k in raw_client(redis_server).keys()}
-    assert sum(n.startswith(f"tkv:v1:{FP[:16]}:p:") for n in names) == 2
-    assert sum(n.startswith(f"tkv:v1:{FP2[:16]}:p:") for n in names) == 2
+    assert sum(n.startswith(f"tkv:v{FORMAT_VERSION}:{FP[:16]}:p:") for n in names) == 2
+    assert sum(n.startswith(f"tkv:v{FORMAT_VERSION}:{FP2[:16]}:p:") for n in names) == 2
     reader = RemoteTier(redis_server.url)
     assert reader.get_many([b[1].key, a[0].key, b[0].key]) == [b[1], a[0], b[0]]
     # another prefix is another world

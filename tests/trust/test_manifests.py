@@ -13,7 +13,7 @@ import redis
 import torch
 
 import paging.remote_tier as remote_tier
-from paging import PageStore, StoreConfig
+from paging import FORMAT_VERSION, PageStore, StoreConfig
 from paging.framing import seal_value
 
 from tieredkv.artifacts.artifact import Artifact, deposit, graft, load_artifact
@@ -76,7 +76,7 @@ def test_case1_a_tampered_remote_manifest_is_refused_by_pull_graft_and_check(pus
     lm, a, b = pushed
     body = _renamed(b, a.artifact_id) if how.startswith("another") else _cut(a, 3)
     server = redis.Redis.from_url(redis_server.url)
-    server.set(f"tkv:v1:m:{a.artifact_id}", seal_value(body))  # its SHA-256 prefix recomputed, as in the issue
+    server.set(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}", seal_value(body))  # its SHA-256 prefix recomputed, as in the issue
     # pull: refused before anything is written (was: exit 0, the store then grafted B's K/V as A)
     code, _, err = run(capsys, "remote", "pull", "--store", str(tmp_path / "c"), "--remote", redis_server.url,
                        "--artifact", a.artifact_id)
@@ -145,8 +145,8 @@ def test_case1_an_artifact_file_with_a_renamed_manifest_is_refused_by_import(tin
     from tieredkv.artifacts.portable import read_header
 
     header = read_header(tmp_path / "b.tkva")
-    sections = [(p.end - p.begin, p.sha256) for p in header.pages]
-    new_header = encode_header(forged, header.token_ids.sha256, sections)
+    sections = [(p.end - p.begin, p.digest) for p in header.pages]
+    new_header = encode_header(forged, header.token_ids.digest, sections)
     (tmp_path / "forged.tkva").write_bytes(new_header + raw[header.data_offset:])
     with PageStore(tmp_path / "t", StoreConfig()) as t:
         with pytest.raises(ArtifactIntegrityError, match="does not match its model, domain and root"):

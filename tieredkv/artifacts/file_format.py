@@ -12,8 +12,9 @@ The header is canonical JSON (sorted keys, compact, ASCII, no NaN) with exactly 
     manifest        the manifest the store keeps for the artifact (Artifact.to_json()):
                     model fingerprint, determinism domain, page keys, root hash, layout
     token_ids       {"dtype": "I32", "shape": [N], "data_offsets": [b, e], "sha256"}
-    pages           [{"key", "data_offsets": [b, e], "sha256"}, ...] in chain order; each
-                    range holds that page's Page.to_bytes() (its own header + payload sha)
+    pages           [{"key", "data_offsets": [b, e], "blake3"}, ...] in chain order; each
+                    range holds that page's Page.to_bytes() (its own header + payload digest);
+                    "blake3" is paging.page.payload_digest of those bytes
     data_nbytes     size of the data section
     header_sha256   sha256 of the canonical JSON of every other field
 
@@ -25,6 +26,8 @@ caught before any data is read.
 NOTE: every length read from the file is checked against a cap and against the file size
 before anything is allocated for it; a hostile header costs at most MAX_HEADER_NBYTES.
 `header_sha256` makes every header byte matter (the page hashes cover the data).
+Version 1 files digested their pages with SHA-256 (a "sha256" field, version 1 pages inside):
+this build refuses them at the prefix, saying so.
 """
 from __future__ import annotations
 
@@ -41,21 +44,25 @@ import numpy as np
 from paging import PageLayout
 from paging.framing import PREFIX, canonical_json, is_int, pack_prefix, strict_json, unpack_prefix
 from paging.page import MAX_HEADER_NBYTES as PAGE_MAX_HEADER_NBYTES
+from paging.page import payload_digest
 from tieredkv.artifacts.record import (Artifact, ArtifactFormatError, ArtifactIntegrityError, ArtifactVersionError,
                                        is_hex64, parse_record)
 from tieredkv.errors import TieredKVError
 from tieredkv.engine.schedule import canonical_chunks
 
 MAGIC = b"TKVA"
-FILE_VERSION = 1
+FILE_VERSION = 2
+LEGACY_FILE_VERSIONS = frozenset({1})  # SHA-256 page digests, version 1 pages
 FORMAT_NAME = "tieredkv.artifacts.artifact"
+# NOTE: no conversion of a version 1 file exists: its pages would have to be re-verified under SHA-256 first
+LEGACY_HINT = "import it with the tieredkv that wrote it and re-deposit its text with this build"
 MAX_HEADER_NBYTES = 64 << 20  # ~250 bytes per page: room for ~250k pages
 MAX_PAGE_NBYTES = 1 << 30
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: no per-character alternation
 _HEADER_FIELDS = frozenset({"format", "format_version", "manifest", "token_ids", "pages", "data_nbytes",
                             "header_sha256"})
 _TOKEN_FIELDS = frozenset({"dtype", "shape", "data_offsets", "sha256"})
-_PAGE_FIELDS = frozenset({"key", "data_offsets", "sha256"})
+_PAGE_FIELDS = frozenset({"key", "data_offsets", "blake3"})
 
 
 class ArtifactTruncatedError(ArtifactFormatError):
@@ -68,11 +75,12 @@ class ArtifactWriteError(TieredKVError):
 
 @dataclass(frozen=True)
 class Section:
-    """A byte range `[begin, end)` of the data section and the SHA-256 of its bytes."""
+    """A byte range `[begin, end)` of the data section and the digest of its bytes (SHA-256 for the token
+    ids, `payload_digest` for a page)."""
 
     begin: int
     end: int
-    sha256: str
+    digest: str
 
     @property
     def nbytes(self) -> int:
@@ -104,15 +112,15 @@ class ArtifactHeader:
 # ----------------------------------------------------------------------------- writing
 
 def encode_header(art: Artifact, token_sha256: str, page_sections: list[tuple[int, str]]) -> bytes:
-    """Prefix + header for `art`; `page_sections` are (nbytes, sha256) of each page blob in order.
+    """Prefix + header for `art`; `page_sections` are (nbytes, payload_digest) of each page blob in order.
 
     Deterministic: the same artifact gives the same bytes (no timestamps, sorted keys).
     """
     num_tokens = art.num_tokens
     pos = 4 * num_tokens
     pages = []
-    for key, (nbytes, sha) in zip(art.page_keys, page_sections, strict=True):
-        pages.append({"key": key, "data_offsets": [pos, pos + nbytes], "sha256": sha})
+    for key, (nbytes, digest) in zip(art.page_keys, page_sections, strict=True):
+        pages.append({"key": key, "data_offsets": [pos, pos + nbytes], "blake3": digest})
         pos += nbytes
     fields = {
         "format": FORMAT_NAME,
@@ -151,6 +159,9 @@ def read_header(src: str | os.PathLike | BinaryIO) -> ArtifactHeader:
     magic, version, header_len = unpack_prefix(prefix)
     if magic != MAGIC:
         raise ArtifactFormatError(f"not a tieredkv artifact: magic {magic!r}, expected {MAGIC!r}")
+    if version in LEGACY_FILE_VERSIONS:
+        raise ArtifactVersionError(f"artifact file format version {version} (SHA-256 page digests); this build reads "
+                                   f"version {FILE_VERSION} — {LEGACY_HINT}")
     if version != FILE_VERSION:
         raise ArtifactVersionError(f"artifact file format version {version}; this build reads version "
                                    f"{FILE_VERSION} — use a matching tieredkv or re-export the artifact")
@@ -247,15 +258,15 @@ def _parse_page_sections(entries: Any, art: Artifact, bad) -> list[Section]:
             raise bad(f"page {i} must be an object with fields {sorted(_PAGE_FIELDS)}")
         if entry["key"] != key:
             raise bad(f"page {i} is {str(entry['key'])[:70]!r}, the manifest says {key}", ArtifactIntegrityError)
-        if not is_hex64(entry["sha256"]):
-            raise bad(f"page {i}: sha256 must be a sha256 hexdigest")
+        if not is_hex64(entry["blake3"]):
+            raise bad(f"page {i}: blake3 must be 64 lowercase hex characters")
         begin, end = _parse_offsets(entry, f"page {i}", bad)
         payload = layout.payload_nbytes(sizes[i])
         lo, hi = payload + PREFIX.size, payload + PREFIX.size + PAGE_MAX_HEADER_NBYTES
         if not lo < end - begin <= min(hi, MAX_PAGE_NBYTES):
             raise bad(f"page {i} spans {end - begin} bytes; {sizes[i]} tokens of this layout need "
                       f"{lo + 1}..{min(hi, MAX_PAGE_NBYTES)}")
-        out.append(Section(begin, end, entry["sha256"]))
+        out.append(Section(begin, end, entry["blake3"]))
     return out
 
 
@@ -276,14 +287,14 @@ def _check_layout_of_sections(sections: list[Section], data_nbytes: int, bad) ->
 
 
 def iter_page_blobs(f: BinaryIO, header: ArtifactHeader) -> Iterator[bytes]:
-    """Each page section's bytes in chain order, one at a time, SHA-256-checked against the header."""
+    """Each page section's bytes in chain order, one at a time, checked against the header's digest."""
     for i, s in enumerate(header.pages):
         f.seek(header.data_offset + s.begin)
         blob = f.read(s.nbytes)
         if len(blob) != s.nbytes:
             raise ArtifactTruncatedError(f"page {i}: the file ended inside its bytes; re-copy or re-export it")
-        if hashlib.sha256(blob).hexdigest() != s.sha256:
-            raise ArtifactIntegrityError(f"page {i} ({header.artifact.page_keys[i]}): sha256 of its bytes does "
+        if payload_digest(blob) != s.digest:
+            raise ArtifactIntegrityError(f"page {i} ({header.artifact.page_keys[i]}): the digest of its bytes does "
                                          "not match the header; the file was altered — re-copy or re-export it")
         yield blob
 
@@ -295,6 +306,6 @@ def read_token_ids(f: BinaryIO, header: ArtifactHeader) -> list[int]:
     raw = f.read(s.nbytes)
     if len(raw) != s.nbytes:
         raise ArtifactTruncatedError("the file ended inside the token id section; re-copy or re-export it")
-    if hashlib.sha256(raw).hexdigest() != s.sha256:
+    if hashlib.sha256(raw).hexdigest() != s.digest:
         raise ArtifactIntegrityError("token ids: sha256 does not match the header; the file was altered")
     return np.frombuffer(raw, dtype="<i4").tolist()

@@ -1,6 +1,6 @@
 """Export and import: an artifact moved between machines as one verified file.
 
-    export:  store ──pass 1: each page verified, (len, sha256)──> header
+    export:  store ──pass 1: each page verified, (len, digest)──> header
                    ──pass 2: page by page──> temp file ──fsync──> rename ──fsync(dir)
     import:  file ──header (bounded, hashed)──> pass 1: every page verified, chain, tokens,
                    model, domain, conflicts ──> pass 2: pages in batches ──> manifest (last)
@@ -10,7 +10,7 @@ reads the next one while the current one is hashed or written), so an artifact o
 never sits whole in memory.
 
 NOTE: import writes nothing until the whole file has verified. Pass 2 re-reads the file and
-checks every page's SHA-256 again, so a file changed between the passes is refused too; pages
+checks every page's digest again, so a file changed between the passes is refused too; pages
 it had added by then are removed again. Like deposit, the manifest is committed last, in its
 own transaction: a killed import leaves verified pages and no visible artifact.
 """
@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 from safefiles import AtomicFile
 from safefiles import check_target as _check_target
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
-from paging.page import is_valid_page
+from paging.page import is_valid_page, payload_digest
 from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
 from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, load_artifact, store_fingerprint
 from tieredkv.artifacts.manifest import verify_artifact
@@ -66,7 +66,7 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike 
     for i, (page, blob) in enumerate(_prefetch(_store_pages(store, art))):
         check_chain_page(art, page_fp, i, page)
         ids.extend(page.token_ids)
-        sections.append((len(blob), hashlib.sha256(blob).hexdigest()))
+        sections.append((len(blob), payload_digest(blob)))
     if sha256_ids(ids) != art.token_ids_sha256:
         raise CorruptPageError(art.artifact_id, "the token ids of the stored pages do not hash to the "
                                "manifest's token_ids_sha256; re-deposit the artifact")
@@ -84,7 +84,7 @@ def export_artifact(store: PageStore, artifact_id: str, path: str | os.PathLike 
         # Pass 2: the same pages again, streamed; the store is immutable per key, so a changed
         # blob means the store changed under us (an alarm, not a race to paper over).
         for i, (_, blob) in enumerate(_prefetch(_store_pages(store, art))):
-            if len(blob) != sections[i][0] or hashlib.sha256(blob).hexdigest() != sections[i][1]:
+            if len(blob) != sections[i][0] or payload_digest(blob) != sections[i][1]:
                 raise CorruptPageError(art.page_keys[i], "page bytes changed between the two export passes")
             f.write(blob)
             digest.update(blob)
