@@ -138,7 +138,8 @@ def add_retrieval_args(ap) -> None:
                     help="TieredConfig.retrieval: the union of the KV heads' top-k, or per_head: each head its own "
                          "(a working set of fixed size)")
     ap.add_argument("--union-pages", type=positive_int, default=None,
-                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, filled by rank")
+                    help="TieredConfig.union_pages: cap the union of the KV heads' top-k at this many pages, "
+                         "filled by rank")
 
 
 def retrieval_kwargs(ap, a) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 Checks every question: required fields, unique id, evidence 40-200 characters occurring exactly once
 in the corpus text, its `source` equal to the section holding the evidence, and at least one
-accepted answer (case-insensitive, whitespace runs compared as one space) within 600 characters either side of the evidence. Prints per
-question its id, character offset, relative depth (offset / len(text)) and how often each accepted
-answer occurs in the whole corpus (a high count means a common string a wrong answer could contain
-by accident), then a histogram by depth decile. Exits 1 if any check fails.
+accepted answer (case-insensitive, whitespace runs compared as one space) within 600 characters either
+side of the evidence. Prints per question its id, character offset, relative depth (offset / len(text))
+and how often each accepted answer occurs in the whole corpus (a high count means a common string a wrong
+answer could contain by accident), then a histogram by depth decile. Exits 1 if any check fails.
 
     python -m bench.longdoc_check            # stdlib only
     python -m bench.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)

@@ -390,7 +390,8 @@ def table(rows: list[dict]) -> str:
         cells = []
         for n in lengths:
             a, c = acc.get((sy, n)), acc.get(("ceiling", n))
-            share = f" ({a['correct'] / c['correct']:.0%} of ceiling)" if a and c and c["correct"] and sy != "ceiling" else ""
+            share = (f" ({a['correct'] / c['correct']:.0%} of ceiling)"
+                     if a and c and c["correct"] and sy != "ceiling" else "")
             cells.append(f"{a['correct']}/{a['questions']}{share}" if a else "—")
         secs = " / ".join(f"{lat[(sy, n)]:.0f}" for n in lengths if (sy, n) in lat)
         out.append(f"| {sy} | " + " | ".join(cells) + f" | {secs} |")

@@ -189,8 +189,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
                 pair_context=0, decode_pair=0):
     # NOTE: the device tier is sized to the largest working set (all layers), so it cannot grow
     # with context, and sink and local pages stay resident while retrieved pages change.
-    store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg), device=str(lm.model.device),
-                                             host_budget_bytes=host_budget))
+    store = PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg),
+                                             device=str(lm.model.device), host_budget_bytes=host_budget))
     tm = TieredModel(lm, store, cfg)
     chunk = tm.page_size * cfg.chunk_pages
     pair = PairContext(lm, f"{store_dir}.pair", cfg, ids, pair_context) if pair_context else None
@@ -258,7 +258,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         row.update(search)
         if window:
             row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s,
-                        "ingest_window_lmdb_reads": window_reads, "ingest_window_retrieved_pages_mean": window_retrieved})
+                        "ingest_window_lmdb_reads": window_reads,
+                        "ingest_window_retrieved_pages_mean": window_retrieved})
         if pairing and pair_tokens:
             row.update({"pair_context_tokens": pair_start, "pair_ingest_window_tokens_per_s": pair_tokens / pair_s,
                         "ingest_window_vs_pair": (window / win_s) / (pair_tokens / pair_s)})
@@ -305,8 +306,8 @@ def plain_rows(lm, ids, contexts, decode_tokens, budget_s, log):
         ms, out, _ = decode_ms(step, decode_tokens)
         t_total += time.perf_counter() - t0
         kv = sum(l.keys.numel() * l.keys.element_size() * 2 for l in cache.layers if l.keys is not None)
-        row = {"system": "hf-dynamiccache", "context_tokens": n, "device_bytes": kv, "device_tier_bytes": kv, "cuda_peak_bytes": cuda_peak(),
-               "host_rss_bytes": rss(), "disk_bytes": 0, "decode_ms_per_token": ms,
+        row = {"system": "hf-dynamiccache", "context_tokens": n, "device_bytes": kv, "device_tier_bytes": kv,
+               "cuda_peak_bytes": cuda_peak(), "host_rss_bytes": rss(), "disk_bytes": 0, "decode_ms_per_token": ms,
                "input_sha256": sha256_ids(ids[:pos]), "output_ids_sha256": sha256_ids(out)}
         rows.append(row)
         log(row)

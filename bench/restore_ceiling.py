@@ -333,9 +333,9 @@ def main() -> None:
                      "the same write into memory written before", "touched"),
                     ("first write into the page cache (a new file, 6 MB pieces)", "page_cache_new",
                      "the same write over the file's cached pages", "page_cache_cached")):
-                rows.append({"figure": fig, "value": gb[val], "unit": "GB/s", "ceiling": ceil, "ceiling_value": gb[ceil_val],
-                             "ratio": gb[val] / gb[ceil_val], "target": None, "seconds_all": mem[val],
-                             "ceiling_seconds_all": mem[ceil_val]})
+                rows.append({"figure": fig, "value": gb[val], "unit": "GB/s", "ceiling": ceil,
+                             "ceiling_value": gb[ceil_val], "ratio": gb[val] / gb[ceil_val], "target": None,
+                             "seconds_all": mem[val], "ceiling_seconds_all": mem[ceil_val]})
 
         # ------------------------------------------------------------------ restore vs ceilings
         layout = PageLayout.from_dict(art.layout)
@@ -419,8 +419,8 @@ def main() -> None:
     report = {
         "bench": "restore_ceiling", "hardware": env,
         "config": {"model": args.model, "tokens": args.tokens, "page_size": page_size, "repeats": args.repeats,
-                   "deposit_repeats": args.deposit_repeats, "workers": args.workers, "kv_bytes": kv_bytes, "device": args.device,
-                   "prompt": PROMPT, "torch_threads": torch.get_num_threads(),
+                   "deposit_repeats": args.deposit_repeats, "workers": args.workers, "kv_bytes": kv_bytes,
+                   "device": args.device, "prompt": PROMPT, "torch_threads": torch.get_num_threads(),
                    "method": "each repeat runs every ceiling and every graft once, in one order; medians; "
                              "graft = graft() wall time (domain check, restore, chain check, install)"},
         "model_fingerprint": lm.fingerprint, "domain": domain, "domain_id": domain_id(domain),

@@ -303,4 +303,5 @@ def _restore_slow(source: PageSource, keys: list[str], buffer, workers,
         raise
     jobs = [_Job(i, key, p.header, memoryview(p.payload)) for i, (key, p) in enumerate(zip(keys, pages))]
     plan, headers = _restore_into(source, jobs, None, buffer, workers)
-    return Restored(headers, plan.kv, RestoreStats(fallback_pages=len(keys), nbytes=plan.kv.numel() * plan.kv.element_size()))
+    return Restored(headers, plan.kv,
+                    RestoreStats(fallback_pages=len(keys), nbytes=plan.kv.numel() * plan.kv.element_size()))

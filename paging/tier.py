@@ -45,7 +45,7 @@ class Tier(ABC):
     def nbytes(self) -> int:
         """Payload bytes held by this tier."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (a deliberate no-op default: tiers holding nothing need not override it)
         """Release resources; the default does nothing."""
 
     def put_many(self, pages: Iterable[Page]) -> list[bool]:

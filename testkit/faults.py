@@ -432,7 +432,8 @@ def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=IN
             for how in damages:
                 damage_index(path, how, other_path)
                 got_search, got_logits = graft_and_probe()
-                restored = path.is_file() and sidecar.is_file() and (path.read_bytes(), sidecar.read_bytes()) == pristine
+                restored = (path.is_file() and sidecar.is_file()
+                            and (path.read_bytes(), sidecar.read_bytes()) == pristine)
                 rows.append({"damage": how, "rebuilt": restored,
                              "same_search": got_search == want_search == reference,
                              "same_logits": got_logits == want_logits})

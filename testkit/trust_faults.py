@@ -368,8 +368,8 @@ def manifest_run(lm, store_path: Path, stored_as: str, data: bytes) -> dict[str,
             s.delete_manifest(stored_as)
         s.put_manifest(stored_as, data)
         refused = []
-        for what, fn in (("graft", lambda: graft(lm, stored_as, s)),
-                         ("export", lambda: export_artifact(s, stored_as, store_path.parent / "x.tkva"))):
+        for _what, fn in (("graft", lambda: graft(lm, stored_as, s)),
+                          ("export", lambda: export_artifact(s, stored_as, store_path.parent / "x.tkva"))):
             try:
                 fn()
                 refused.append(False)

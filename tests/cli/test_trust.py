@@ -64,7 +64,7 @@ def test_case5_export_refuses_a_fifo_a_symlink_a_directory_and_a_device_node(sto
         pass  # not root: the FIFO, symlink and directory cases still run; a device needs CAP_MKNOD
     results = cli_many(*[["export", "--store", str(store), "--artifact", art.artifact_id, "-o", str(p), "--quiet"]
                          for p in targets.values()])
-    for (kind, path), result in zip(targets.items(), results):
+    for (kind, _path), result in zip(targets.items(), results):
         line = _one_line(result, "tieredkv: error: ArtifactWriteError: refusing to write")
         assert f"it is {kind}" in line
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.path.islink(link) and target.read_text() == "keep me"
@@ -95,7 +95,7 @@ def test_case11_every_bad_input_is_one_line_exit_2(store_with_artifact, tmp_path
     cases = bad_cli_inputs(tmp_path, store, art.artifact_id)
     missing = tmp_path / "mistyped-store"
     results = cli_many(*[argv for argv, _, _ in cases.values()])
-    for (name, (argv, error, words)), result in zip(cases.items(), results):
+    for (name, (_argv, error, words)), result in zip(cases.items(), results):
         start = f"{error}: error: " if error.startswith("tieredkv ") else f"tieredkv: error: {error}: "
         line = _one_line(result, start)
         assert words in line, (name, line)

@@ -75,7 +75,8 @@ def test_a_cap_the_union_never_reaches_attends_to_the_same_keys(tiny_model, tmp_
 def test_union_pages_is_validated_and_recorded_in_the_regime():
     assert TieredConfig(union_pages=None).regime(32) == TieredConfig().regime(32)  # stored contexts still found
     assert TieredConfig(union_pages=24).regime(32)["union_pages"] == 24
-    assert TieredConfig(union_pages=24).regime_fingerprint("f" * 64, 32) != TieredConfig().regime_fingerprint("f" * 64, 32)
+    assert (TieredConfig(union_pages=24).regime_fingerprint("f" * 64, 32)
+            != TieredConfig().regime_fingerprint("f" * 64, 32))
     for bad in (0, -3, True, 2.5):
         with pytest.raises(ValueError, match="union_pages"):
             TieredConfig(union_pages=bad)

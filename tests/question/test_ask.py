@@ -18,7 +18,6 @@ from tieredkv.engine.tiered_model import TieredModel
 from tieredkv.errors import StoreNotGivenError, TokenIdsError
 from tieredkv.provenance.domain import sha256_ids
 from tieredkv.question.ask import Answer, Document
-from testkit.redis_server import redis_server  # noqa: F401  (fixture)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DOC = "Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150

@@ -161,7 +161,8 @@ def test_qa_reads_under_fixed_by_default_and_grafts_its_artifact(tmp_path, capsy
     assert again["context"].startswith("grafted") and again["artifact"] == off["artifact"]
     assert main([*args, "--read-passages", "0", "--reencode-pages", "3"]) == 0  # the earlier question-time step
     beside = json.loads(capsys.readouterr().out)
-    assert beside["attended"] == "retrieved" and beside["reencoded_pages"][0] == 0 and len(beside["reencoded_pages"]) <= 4
+    assert (beside["attended"] == "retrieved" and beside["reencoded_pages"][0] == 0
+            and len(beside["reencoded_pages"]) <= 4)
 
 
 def test_qa_refuses_reencoding_under_own_positions(tmp_path, capsys):

@@ -76,7 +76,8 @@ def test_case1_a_tampered_remote_manifest_is_refused_by_pull_graft_and_check(pus
     lm, a, b = pushed
     body = _renamed(b, a.artifact_id) if how.startswith("another") else _cut(a, 3)
     server = redis.Redis.from_url(redis_server.url)
-    server.set(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}", seal_value(body))  # its SHA-256 prefix recomputed, as in the issue
+    # its SHA-256 prefix recomputed, as in the issue
+    server.set(f"tkv:v{FORMAT_VERSION}:m:{a.artifact_id}", seal_value(body))
     # pull: refused before anything is written (was: exit 0, the store then grafted B's K/V as A)
     code, _, err = run(capsys, "remote", "pull", "--store", str(tmp_path / "c"), "--remote", redis_server.url,
                        "--artifact", a.artifact_id)

@@ -36,9 +36,11 @@ def cmd_deposit(args) -> int:
         raise InputError("give exactly one of FILE or --text")
     text = args.text if args.text is not None else read_text_file(args.file, "FILE")
     if not text.strip():
-        raise EmptyInputError(f"nothing to deposit: {'--text' if args.text is not None else args.file} is empty or blank")
+        raise EmptyInputError(
+            f"nothing to deposit: {'--text' if args.text is not None else args.file} is empty or blank")
     lm = load_model(args.model, quiet=args.quiet)
-    with nothing_left_if_refused(args.store), _open_store(args.store) as store, token_bar("deposit", quiet=args.quiet) as bar:
+    with nothing_left_if_refused(args.store), _open_store(args.store) as store, \
+            token_bar("deposit", quiet=args.quiet) as bar:
         art = deposit(lm, text, store, page_size=args.page_size, name=args.name or (args.file or ""), progress=bar)
     _print({**art.summary(), "store": str(args.store)})
     return 0

@@ -89,14 +89,16 @@ CHECK_CHILD_ENV = "TIEREDKV_CHECK_CHILD"  # set in the child process that walks 
 def cmd_check(args) -> int:
     """Walk the store in a child process: LMDB checksums nothing, and a damaged page pointer can crash it
     inside the C library (SIGBUS, or an assertion that aborts); the parent turns that into a report."""
-    if args.model is not None and args.recompute is None:  # NOTE: else a user may take the report for a check against it
+    # NOTE: else a user may take the report for a check against it
+    if args.model is not None and args.recompute is None:
         raise InputError("--model is the model --recompute recomputes pages with; check compares no model "
                          "without it: give --recompute FRACTION too, or drop --model")
     if os.environ.get(CHECK_CHILD_ENV):
         return _check_here(args)
     require_store(args.store)  # here, before a second interpreter starts for nothing
     argv = ["check", "--store", args.store, "--sample", repr(args.sample), "--seed", str(args.seed)]
-    argv += [] if args.recompute is None else ["--recompute", repr(args.recompute), "--model", args.model or DEFAULT_MODEL]
+    argv += [] if args.recompute is None else ["--recompute", repr(args.recompute),
+                                               "--model", args.model or DEFAULT_MODEL]
     child = subprocess.run([sys.executable, "-m", "tieredkv.cli", *argv], capture_output=True, text=True,
                            env={**os.environ, CHECK_CHILD_ENV: "1"})
     sys.stdout.write(child.stdout)

@@ -207,7 +207,8 @@ def register(sub) -> None:
     p.add_argument("--page-size", type=int_between(1, MAX_PAGE_SIZE))
     p.add_argument("--sink-pages", type=nonneg_int, default=1)
     p.add_argument("--local-pages", type=positive_int, default=16)
-    p.add_argument("--topk-pages", type=positive_int, help="per KV head (default: 16 under --position own, 8 under fixed)")
+    p.add_argument("--topk-pages", type=positive_int,
+                   help="per KV head (default: 16 under --position own, 8 under fixed)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance")
     p.add_argument("--retrieval", choices=RETRIEVAL_MODES,

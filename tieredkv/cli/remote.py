@@ -86,7 +86,8 @@ def cmd_push(args) -> int:
                 except (PagingError, TieredKVError) as exc:
                     incomplete.append(f"{art.artifact_id} ({' '.join(str(exc).split())[:160]})")
             if incomplete:
-                raise TieredKVError(f"not pushing: {len(incomplete)} artifacts of {args.store} are incomplete or broken: "
+                raise TieredKVError(f"not pushing: {len(incomplete)} artifacts of {args.store} "
+                                    "are incomplete or broken: "
                                     f"{'; '.join(incomplete[:3])} — `tieredkv check --store {args.store}` shows what "
                                     "is wrong; re-import or re-deposit them, or push the sound ones with --artifact")
             keys = list(dict.fromkeys(k for art in arts for k in art.page_keys)) if args.artifact else \

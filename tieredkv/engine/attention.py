@@ -87,7 +87,8 @@ def register() -> None:
     """Register `tiered` (sdpa inside) and `tiered_eager` (the model's eager inside). Idempotent."""
     for kind, name in NAMES.items():
         AttentionInterface.register(name, _make(kind))
-        AttentionMaskInterface.register(name, _additive_sdpa_mask if kind == "sdpa" else ALL_MASK_ATTENTION_FUNCTIONS[kind])
+        AttentionMaskInterface.register(name, _additive_sdpa_mask if kind == "sdpa"
+                                        else ALL_MASK_ATTENTION_FUNCTIONS[kind])
 
 
 def name_for(base_implementation: str) -> str:

@@ -203,7 +203,8 @@ class TieredCache(Cache):
         # layers read these instead of the stored page, and always hold them in their working set
         self.reencoded: dict[int, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
         self.reencoded_start: dict[int, int] = {}  # page id -> own position of its first re-encoded token
-        self.lexical_index = None  # BM25 over page text, built at a question's first reading (tieredkv/question/reading.py)
+        # BM25 over page text, built at a question's first reading (tieredkv/question/reading.py)
+        self.lexical_index = None
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -65,7 +65,8 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 def _continue(lm: LoadedModel, cache, cont: list[int], start: int, page_size: int, pos_offset: int = 0):
     """Logits [C, vocab] of every continuation token, prefilled after `start` with the same schedule."""
     logits = []
-    prefill(lm, cont, cache, start=start, page_size=page_size, on_chunk=lambda _s, _e, out: logits.append(out.logits[0]),
+    prefill(lm, cont, cache, start=start, page_size=page_size,
+            on_chunk=lambda _s, _e, out: logits.append(out.logits[0]),
             logits_to_keep=0, position_offset=pos_offset)
     return torch.cat(logits, 0)
 

@@ -190,7 +190,8 @@ def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, co
     from tieredkv.question.reencode import encode_fragments
 
     spans, end = cache.spans, cache.sealed_upto
-    frame = config.frame_tokens if config.frame_tokens is not None else spans[min(cache.config.sink_pages, len(spans)) - 1].end
+    frame = (config.frame_tokens if config.frame_tokens is not None
+             else spans[min(cache.config.sink_pages, len(spans)) - 1].end)
     frame = min(frame, end)
     candidates = [s.page_id for s in spans if s.end > frame]
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}

@@ -80,7 +80,8 @@ def encode_fragments(cache, fragments: Sequence[tuple[int, int, int]], end: int,
         # NOTE: sliding-window layers keep reading the stored page (and their fresh cache holds only
         # the window): they get None
         fresh[p] = (lo, [None if cache.layers[i].is_sliding else
-                         (x.keys[0, :, at:at + n] if keep_packed else rerotate(model, x.keys[0, :, at:at + n], -shift, i),
+                         (x.keys[0, :, at:at + n] if keep_packed
+                          else rerotate(model, x.keys[0, :, at:at + n], -shift, i),
                           x.values[0, :, at:at + n])
                          for i, x in enumerate(layers)])
         at += n
