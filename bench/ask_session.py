@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from bench.report import environment, sha256_ids, write_report
-
 from tieredkv.engine.tiered_model import TieredModel
 from tieredkv.question.ask import QUIET
 from tieredkv.question.corpus import default_document

@@ -22,11 +22,10 @@ import tempfile
 import torch
 
 from bench.report import environment
-
 from paging import PageStore, StoreConfig
-from tieredkv.models.loading import TINY_MODELS, load_model
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel
+from tieredkv.models.loading import TINY_MODELS, load_model
 from tieredkv.provenance.verify import VerifySpec, verify
 
 

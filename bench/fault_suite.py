@@ -78,8 +78,8 @@ class World:
 
     def __init__(self, root: Path) -> None:
         from paging import PageStore
-        from tieredkv.models.loading import load_model
         from tieredkv.artifacts.portable import export_artifact
+        from tieredkv.models.loading import load_model
 
         torch.set_num_threads(1)  # NOTE: the box is shared; one thread is much faster for tiny models
         self.root = root
@@ -234,9 +234,9 @@ def identity(world: World) -> dict[str, Any]:
     """Wrong model, wrong format versions, wrong determinism domain: refused, with the reason."""
     from paging import PageStore
     from tieredkv.artifacts.file_format import FILE_VERSION, PREFIX
-    from tieredkv.provenance.domain import determinism_domain
-    from tieredkv.models.loading import load_model
     from tieredkv.artifacts.portable import import_artifact
+    from tieredkv.models.loading import load_model
+    from tieredkv.provenance.domain import determinism_domain
 
     data = world.small_file
     other = load_model("tiny-qwen2")
@@ -638,8 +638,8 @@ def tampered_manifests(world: World) -> dict[str, Any]:
 
 
 def _remote_tampering(world: World, store: Path, a, b, cases) -> list[dict[str, Any]]:
-    from paging.framing import seal_value
     from paging import FORMAT_VERSION
+    from paging.framing import seal_value
     from testkit.redis_server import RedisServer, server_binary
 
     if server_binary() is None:

@@ -26,15 +26,14 @@ from pathlib import Path
 import torch
 
 from bench.common import environment, sha256_ids, write_report
-
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import deposit, prefill
-from tieredkv.question.corpus import python_reference
-from tieredkv.provenance.domain import sha256_tensor
-from tieredkv.models.loading import load_model
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import sha256_tensor
 from tieredkv.provenance.verify import VerifySpec, verify
+from tieredkv.question.corpus import python_reference
 
 
 def sync() -> None:

@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from bench.common import drop_file_cache, environment, markdown_table, sha256_ids, timed, write_report
-
 from paging import PageLayout, PageStore, StoreConfig
 from paging.restore import restore_nbytes
 from testkit.redis_server import RedisServer

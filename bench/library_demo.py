@@ -30,14 +30,12 @@ from typing import Any, Callable
 import torch
 
 from bench.report import environment, recheck_block, sha256_ids, write_report
-
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
 from tieredkv.library.solutions import Library, answer_plain
+from tieredkv.library.verifiers import AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer, normalize_text
 from tieredkv.models.loading import load_model
-from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, Verdict, arithmetic_answer,
-                                normalize_text)
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
 
 COUNTRIES = ["Velmora", "Drustan", "Korvia", "Amberlund", "Tessaly", "Orvane", "Quenthia", "Marrowind",
              "Solvenia", "Briscany"]

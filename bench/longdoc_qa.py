@@ -37,14 +37,13 @@ import torch
 
 from bench.longdoc_corpus import build_corpus
 from bench.report import environment, sha256_ids, write_report
-
+from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
-from index.lexical import bm25_scores
+from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
 from tieredkv.question.ask import QUIET
 from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config
-from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 
 HERE = Path(__file__).resolve().parent
 QUESTIONS = HERE / "data" / "longdoc_questions.json"

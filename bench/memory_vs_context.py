@@ -43,13 +43,12 @@ import torch
 from bench.common import add_retrieval_args, retrieval_kwargs
 from bench.report import environment, sha256_ids, write_report
 from bench.search_probe import SearchProbe
-
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
-from tieredkv.question.corpus import python_reference
-from tieredkv.models.loading import load_model
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
+from tieredkv.models.loading import load_model
+from tieredkv.question.corpus import python_reference
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
 

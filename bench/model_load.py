@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from bench.common import environment, write_report
-
 from tieredkv.models import fingerprint_cache, loading
 from tieredkv.models.loading import fingerprint_model, load_model
 

@@ -21,18 +21,17 @@ from pathlib import Path
 import torch
 
 from bench.common import add_retrieval_args, retrieval_kwargs
-from bench.report import environment, recheck_block, write_report
 from bench.longctx_tasks import HAYSTACKS, TASKS
-
+from bench.report import environment, recheck_block, write_report
 from index import PageIndex
 from paging import PageStore, StoreConfig
+from testkit.placement import ForcedPages
 from tieredkv.artifacts.artifact import prefill
+from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig
+from tieredkv.engine.tiered_model import TieredModel
 from tieredkv.models.loading import load_model
 from tieredkv.provenance.domain import determinism_domain
-from tieredkv.engine.tiered_config import SCORE_FRAMES, TieredConfig
 from tieredkv.question.qa import qa_config
-from tieredkv.engine.tiered_model import TieredModel
-from testkit.placement import ForcedPages
 
 SYSTEMS = ("plain", "tiered-own", "tiered-fixed", "tiered-qa")
 # "tiered-qa" answers as `tieredkv qa` does (tieredkv.question.qa.qa_config: own positions inside the window,

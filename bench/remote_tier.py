@@ -163,9 +163,9 @@ def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
     from transformers import DynamicCache
 
     from tieredkv.artifacts.artifact import deposit, graft, prefill
-    from tieredkv.question.corpus import python_reference, text_sha256
-    from tieredkv.provenance.domain import domain_id, determinism_domain, sha256_ids, sha256_tensor
     from tieredkv.models.loading import load_model
+    from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_ids, sha256_tensor
+    from tieredkv.question.corpus import python_reference, text_sha256
 
     tokens = dict(kv.split("=") for kv in args.tokens.split(","))
     rows = []

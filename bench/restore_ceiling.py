@@ -59,14 +59,13 @@ import numpy as np
 import torch
 
 from bench.common import environment, markdown_table, sha256_ids, timed, write_report
-
 from paging import PageLayout, PageStore, StoreConfig
 from paging.restore import restore_nbytes, restore_pages, verify_stored
 from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill
 from tieredkv.artifacts.capture import CaptureCache
-from tieredkv.question.corpus import python_reference, text_sha256
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
 from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
+from tieredkv.question.corpus import python_reference, text_sha256
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restore_ceiling.json"

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from safefiles import AtomicFile, open_regular, read_regular
+
 from .errors import IndexStaleError
 
 FORMAT = "tieredkv-page-index"

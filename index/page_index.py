@@ -27,9 +27,9 @@ from typing import Container, Iterable, Sequence
 import faiss
 import numpy as np
 
+from .bound_scan import BoundRows
 from .errors import IndexStaleError
 from .index_file import read_index_file, write_index_file
-from .bound_scan import BoundRows
 from .scoring import quest_bound
 from .summary import check_method, max_summary_vectors
 

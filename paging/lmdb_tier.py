@@ -29,13 +29,22 @@ import lmdb
 
 from safefiles import open_regular
 
-from .errors import (REBUILD_HINT, CorruptPageError, ManifestNotFoundError, PageConflictError, PagingError,
-                     StoreClosedError, StoreCorruptedError, StoreFullError, StoreIntegrityError,
-                     StoreReadOnlyError)
 from .commit_record import CommitRecord, compare, read_record, write_record
+from .errors import (
+    REBUILD_HINT,
+    CorruptPageError,
+    ManifestNotFoundError,
+    PageConflictError,
+    PagingError,
+    StoreClosedError,
+    StoreCorruptedError,
+    StoreFullError,
+    StoreIntegrityError,
+    StoreReadOnlyError,
+)
+from .framing import body_len, open_value, seal_value
 from .page import FORMAT_VERSION, Page, format_note, is_valid_page
 from .pause_points import pause_point
-from .framing import body_len, open_value, seal_value
 from .store_lock import WriterLock
 from .tier import Tier
 

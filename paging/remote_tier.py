@@ -26,8 +26,8 @@ is skipped for `down_s` seconds with one warning; the local tiers keep working).
 from __future__ import annotations
 
 import itertools
-import math
 import logging
+import math
 import re
 import shlex
 import time

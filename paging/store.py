@@ -28,8 +28,8 @@ import torch
 
 from .device_tier import DeviceTier, tensors_nbytes
 from .documents import DocumentRecord, Documents, Removal
-from .framing import is_int
 from .errors import CorruptPageError, ManifestNotFoundError, PageNotFoundError, PagingError
+from .framing import is_int
 from .host_tier import HostTier
 from .layer_reads import LayerDigests
 from .lmdb_tier import MAX_MAP_SIZE, LMDBTier

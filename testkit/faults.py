@@ -409,8 +409,8 @@ def index_fault_run(lm, store_path: Path, text: str, other_text: str, damages=IN
     and the logits that follow the graft must be the same bytes.
     """
     from paging import PageStore
-    from tieredkv.provenance.domain import sha256_tensor
     from tieredkv.engine.tiered_model import TieredModel
+    from tieredkv.provenance.domain import sha256_tensor
 
     cont = lm.codec.encode(" What follows?")
     with PageStore(store_path, store_config()) as store:
@@ -726,9 +726,9 @@ def _cmd_cross_export(a) -> dict[str, Any]:
 
     from paging import PageStore
     from tieredkv.artifacts.artifact import deposit
-    from tieredkv.provenance.domain import sha256_tensor
-    from tieredkv.models.loading import load_model
     from tieredkv.artifacts.portable import export_artifact
+    from tieredkv.models.loading import load_model
+    from tieredkv.provenance.domain import sha256_tensor
 
     lm = load_model(a.model)
     prefix, cont = lm.codec.encode(a.prefix), lm.codec.encode(a.continuation)
@@ -746,9 +746,9 @@ def _cmd_cross_import(a) -> dict[str, Any]:
 
     from paging import PageStore
     from tieredkv.artifacts.artifact import graft
-    from tieredkv.provenance.domain import sha256_tensor
-    from tieredkv.models.loading import load_model
     from tieredkv.artifacts.portable import import_artifact
+    from tieredkv.models.loading import load_model
+    from tieredkv.provenance.domain import sha256_tensor
 
     lm = load_model(a.model)
     cont = lm.codec.encode(a.continuation)

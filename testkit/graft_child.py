@@ -16,8 +16,8 @@ import torch
 from transformers import DynamicCache
 
 from tieredkv.artifacts.artifact import graft, prefill
-from tieredkv.provenance.domain import sha256_tensor
 from tieredkv.models.loading import LoadedModel
+from tieredkv.provenance.domain import sha256_tensor
 
 
 def continuation_logits(lm: LoadedModel, cache, cont: Sequence[int], start: int, page_size: int) -> torch.Tensor:

@@ -437,7 +437,7 @@ def forged_import_run(lm, forged: Path, store_path: Path, fraction: float, seed:
     """Import a forged file with recomputation: refused (nothing written) or, at a fraction < 1, missed."""
     from paging import PageStore
     from tieredkv.artifacts.portable import import_artifact, read_header
-    from tieredkv.artifacts.recompute import Recomputer, RecomputeMismatchError
+    from tieredkv.artifacts.recompute import RecomputeMismatchError, Recomputer
 
     shutil.rmtree(store_path, ignore_errors=True)
     rec = Recomputer(lm, read_header(forged).artifact, fraction, seed)

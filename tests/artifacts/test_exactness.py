@@ -9,11 +9,11 @@ import pytest
 from paging import PageStore, StoreConfig
 from testkit.graft_child import fresh_logits, grafted_logits
 from tieredkv.artifacts.artifact import deposit
-from tieredkv.question.corpus import python_reference
-from tieredkv.provenance.domain import sha256_tensor
 from tieredkv.errors import UnsupportedModelError
 from tieredkv.models.loading import TINY_MODELS
+from tieredkv.provenance.domain import sha256_tensor
 from tieredkv.provenance.verify import VerifySpec, verify
+from tieredkv.question.corpus import python_reference
 
 SMALL = VerifySpec(tokens=80, samples=3, continuation=8)
 

@@ -10,14 +10,20 @@ import torch
 from paging import Page, PageConflictError, PageStore
 from paging.errors import CorruptPageError
 from paging.page import FORMAT_VERSION, payload_digest
-from testkit.faults import (PAGE_SIZE, continuation_logits, corpus_text, flip_lmdb_value_bit,
-                                   rewrite_header, store_config)
+from testkit.faults import (
+    PAGE_SIZE,
+    continuation_logits,
+    corpus_text,
+    flip_lmdb_value_bit,
+    rewrite_header,
+    store_config,
+)
 from tieredkv.artifacts.artifact import deposit, graft, load_pages
 from tieredkv.artifacts.file_format import FILE_VERSION, PREFIX, ArtifactFormatError, ArtifactVersionError
-from tieredkv.provenance.domain import determinism_domain, sha256_tensor
+from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header, verify_file
 from tieredkv.errors import ArtifactNotFoundError, DomainMismatchError, ModelMismatchError, TieredKVError
 from tieredkv.models.loading import load_model
-from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header, verify_file
+from tieredkv.provenance.domain import determinism_domain, sha256_tensor
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import torch
 from paging import PageStore
 from testkit.graft_child import fresh_logits
 from tieredkv.artifacts.artifact import graft, grafted_token_ids
-from tieredkv.question.corpus import python_reference
 from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.question.corpus import python_reference
 
 CHILD = Path(__file__).resolve().parents[2] / "testkit" / "graft_child.py"
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}

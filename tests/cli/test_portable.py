@@ -10,9 +10,9 @@ import torch
 from paging import PageStore
 from testkit.faults import PAGE_SIZE, corpus_text, flip_file_bit, flip_lmdb_value_bit, store_config
 from tieredkv.artifacts.artifact import deposit
+from tieredkv.artifacts.portable import read_header
 from tieredkv.cli import main
 from tieredkv.models.loading import load_model
-from tieredkv.artifacts.portable import read_header
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from paging import PageStore, StoreConfig
-
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.cli import main
 

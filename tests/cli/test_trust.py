@@ -16,7 +16,6 @@ import threading
 import pytest
 
 from paging import PageStore, StoreConfig
-
 from testkit.trust_faults import ENV, bad_cli_inputs, cli_many
 from tests.trust.test_store import REPO
 from tieredkv.artifacts.artifact import deposit

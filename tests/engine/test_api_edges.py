@@ -11,9 +11,9 @@ from paging.errors import LayoutMismatchError
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.check import check_store
 from tieredkv.engine.generation import GenerationOptionError
-from tieredkv.errors import ClosedError, EmptyInputError, TokenIdsError
 from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
 from tieredkv.engine.tiered_model import TieredModel
+from tieredkv.errors import ClosedError, EmptyInputError, TokenIdsError
 
 CONFIG = TieredConfig(local_pages=2, topk_pages=2)  # tiny-llama's 32-token pages: 300 tokens retrieve
 

@@ -3,9 +3,9 @@ import torch
 
 import tieredkv.engine.tiered_cache as tiered_cache
 from paging import PageStore, StoreConfig
-from tieredkv.question.qa import find_artifact
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel
+from tieredkv.question.qa import find_artifact
 
 
 def _answer(lm, path, cfg, ids):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.engine.test_tiered_model import _ids, tiered
 from transformers import AttentionInterface, DynamicCache
 
+from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.placement import FixedDistance, OwnPositions
 from tieredkv.engine.rotary import rerotate
 from tieredkv.engine.tiered_config import TieredConfig
@@ -177,9 +177,9 @@ def test_per_head_is_its_own_regime_and_union_keeps_the_old_one():
 def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_path):
     """What `tieredkv qa` does beyond the window: the question reads its passage afresh and attends to
     nothing stored, so a per-head ingest (other page bytes) gives the very same logits."""
+    from tieredkv.engine.tiered_config import ReadingConfig
     from tieredkv.question.qa import qa_config
     from tieredkv.question.reading import read
-    from tieredkv.engine.tiered_config import ReadingConfig
 
     lm = tiny_model("tiny-llama")
     doc = _ids(700, 4)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.engine.test_tiered_model import _ids, tiered
 
 from testkit.placement import ForcedPages
+from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.placement import FixedDistance, OwnPositions, PlacementPolicy, grouped_queries
 from tieredkv.engine.tiered_cache import FullAttentionLayer, SlidingWindowLayer
 from tieredkv.engine.tiered_config import TieredConfig

@@ -10,11 +10,11 @@ from transformers import DynamicCache
 
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
-from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
-from tieredkv.models.loading import TINY_MODELS
 from tieredkv.engine.tiered_cache import TieredCache
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel
+from tieredkv.errors import DiskBudgetError, EmptyInputError, ModelMismatchError, UnsupportedModelError
+from tieredkv.models.loading import TINY_MODELS
 
 ROTARY = [m for m in TINY_MODELS if m != "tiny-gpt2"]
 

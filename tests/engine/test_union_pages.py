@@ -4,10 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.placement import FixedDistance, OwnPositions
 from tieredkv.engine.tiered_config import TieredConfig
-
-from tests.engine.test_tiered_model import _ids, tiered
 
 SMALL = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1)  # tiny-llama: 2 KV heads, up to 4 pages
 

@@ -2,8 +2,15 @@
 import torch
 
 from tieredkv.engine.schedule import canonical_chunks
-from tieredkv.engine.working_set import (Span, build_mask, fixed_positions, merge_ranked, retrieval_excluded, select_pages,
-                                 sliding_spans)
+from tieredkv.engine.working_set import (
+    Span,
+    build_mask,
+    fixed_positions,
+    merge_ranked,
+    retrieval_excluded,
+    select_pages,
+    sliding_spans,
+)
 
 
 def test_canonical_chunks_cut_at_every_page_boundary():

@@ -12,13 +12,21 @@ import pytest
 import torch
 
 from paging import PageStore
-from testkit.faults import (PAGE_SIZE, corpus_text, header_flip_outcomes, hostile_outcomes,
-                                   lmdb_flip_outcome, parse_outcome, payload_flip_outcomes, store_config,
-                                   truncation_outcomes)
+from testkit.faults import (
+    PAGE_SIZE,
+    corpus_text,
+    header_flip_outcomes,
+    hostile_outcomes,
+    lmdb_flip_outcome,
+    parse_outcome,
+    payload_flip_outcomes,
+    store_config,
+    truncation_outcomes,
+)
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.file_format import PREFIX, ArtifactIntegrityError
-from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header
+from tieredkv.models.loading import load_model
 
 TYPED = {"ArtifactFormatError", "ArtifactTruncatedError", "ArtifactVersionError", "ArtifactIntegrityError"}
 

@@ -10,10 +10,18 @@ import pytest
 import torch
 
 from paging import PageStore
-from testkit.faults import (PAGE_SIZE, ForkRunner, corpus_text, deposit_kill_run, export_kill_run,
-                                   make_store, stale_reader_reclaimed, store_config)
-from tieredkv.models.loading import load_model
+from testkit.faults import (
+    PAGE_SIZE,
+    ForkRunner,
+    corpus_text,
+    deposit_kill_run,
+    export_kill_run,
+    make_store,
+    stale_reader_reclaimed,
+    store_config,
+)
 from tieredkv.artifacts.portable import export_artifact
+from tieredkv.models.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ import pytest
 from paging import CorruptPageError, PageNotFoundError, PageStore, StoreConfig
 from testkit.graft_child import fresh_logits, grafted_logits
 from tieredkv.artifacts.artifact import Artifact, deposit, graft, load_artifact
-from tieredkv.question.corpus import python_reference
-from tieredkv.provenance.domain import sha256_tensor
 from tieredkv.errors import ArtifactNotFoundError, ModelMismatchError
+from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.question.corpus import python_reference
 
 CONFIG = StoreConfig(host_budget_bytes=64 << 20)
 

@@ -12,8 +12,8 @@ from paging import PageStore
 from testkit.faults import PAGE_SIZE, corpus_text, mutate, store_config
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.artifacts.file_format import MAGIC, PREFIX, ArtifactFormatError
-from tieredkv.models.loading import load_model
 from tieredkv.artifacts.portable import export_artifact, verify_file
+from tieredkv.models.loading import load_model
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 from paging import PageStore
-from testkit.faults import (INDEX_DAMAGES, PAGE_SIZE, corpus_text, index_fault_run, search_results,
-                                   store_config, tiered_config)
+from testkit.faults import (
+    INDEX_DAMAGES,
+    PAGE_SIZE,
+    corpus_text,
+    index_fault_run,
+    search_results,
+    store_config,
+    tiered_config,
+)
 from tieredkv.artifacts.portable import export_artifact, import_artifact
 from tieredkv.engine.tiered_model import TieredModel
 

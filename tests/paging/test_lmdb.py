@@ -15,8 +15,17 @@ import lmdb
 import pytest
 import torch
 
-from paging import (ROOT_KEY, CorruptPageError, LMDBTier, ManifestNotFoundError, Page,
-                    PageConflictError, PageLayout, PagingError, StoreFullError)
+from paging import (
+    ROOT_KEY,
+    CorruptPageError,
+    LMDBTier,
+    ManifestNotFoundError,
+    Page,
+    PageConflictError,
+    PageLayout,
+    PagingError,
+    StoreFullError,
+)
 from testkit.faults import make_chain as unit_chain
 
 FP = "ab" * 32

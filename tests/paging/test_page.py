@@ -11,8 +11,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paging import (FORMAT_VERSION, ROOT_KEY, CorruptPageError, LayoutMismatchError, Page,
-                    PageLayout, PagingError, page_key)
+from paging import (
+    FORMAT_VERSION,
+    ROOT_KEY,
+    CorruptPageError,
+    LayoutMismatchError,
+    Page,
+    PageLayout,
+    PagingError,
+    page_key,
+)
 from paging.page import MAX_HEADER_NBYTES, _header_digest
 
 FP = "ab" * 32

@@ -8,7 +8,6 @@ import torch
 
 from paging import CorruptPageError, PageNotFoundError, PageStore, StoreConfig
 from paging.restore import kv_view, restore_nbytes
-
 from tests.paging.test_store import LAYOUT, NB, make_chain
 
 

@@ -8,8 +8,18 @@ import lmdb
 import pytest
 import torch
 
-from paging import (ROOT_KEY, CorruptPageError, Page, PageConflictError, PageLayout,
-                    PageNotFoundError, PageStore, PageWriter, PagingError, StoreConfig)
+from paging import (
+    ROOT_KEY,
+    CorruptPageError,
+    Page,
+    PageConflictError,
+    PageLayout,
+    PageNotFoundError,
+    PageStore,
+    PageWriter,
+    PagingError,
+    StoreConfig,
+)
 from testkit.faults import make_chain
 
 FP = "ab" * 32

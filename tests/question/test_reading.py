@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.engine.test_tiered_model import _ids, tiered
 
 from index.lexical import BM25Index, words
-from tieredkv.question.reading import CompactReading, centre, fragments, fuse, merge, rank, word_weights
+from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
 from tieredkv.engine.working_set import Span
+from tieredkv.question.reading import CompactReading, centre, fragments, fuse, merge, rank, word_weights
 
 READ = ReadingConfig(passages=1, passage_tokens=96, signal="lexical")
 FIXED = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")

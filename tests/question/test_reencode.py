@@ -6,12 +6,12 @@ import hashlib
 
 import pytest
 import torch
-from tests.engine.test_tiered_model import _ids, tiered
 
-from tieredkv.question.reencode import probe, reencode
+from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.rotary import rerotate
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.working_set import fixed_positions
+from tieredkv.question.reencode import probe, reencode
 
 FIXED = TieredConfig(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
 

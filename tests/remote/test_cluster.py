@@ -6,8 +6,15 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from paging import (CorruptPageError, PageNotFoundError, PageStore, RemoteTier,
-                    RemoteTierWarning, RemoteUnavailableError, StoreConfig)
+from paging import (
+    CorruptPageError,
+    PageNotFoundError,
+    PageStore,
+    RemoteTier,
+    RemoteTierWarning,
+    RemoteUnavailableError,
+    StoreConfig,
+)
 from testkit.redis_server import RedisCluster3, requires_server
 from tests.remote.test_tier import FP, make_chain
 

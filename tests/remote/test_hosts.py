@@ -17,8 +17,8 @@ from transformers import DynamicCache
 from paging import PageNotFoundError, PageStore, RemoteTierWarning, StoreConfig
 from testkit.redis_server import RedisServer, requires_server
 from tieredkv.artifacts.artifact import deposit, graft, load_artifact, prefill
-from tieredkv.question.corpus import python_reference
 from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.question.corpus import python_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"

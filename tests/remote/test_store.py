@@ -8,10 +8,19 @@ import warnings
 import pytest
 import redis
 
-from paging import (CorruptPageError, ManifestNotFoundError, Page, PageLayout,
-                    PageNotFoundError, PageStore, PagingError, RemoteTierWarning, StoreConfig)
-from testkit.redis_server import RedisServer
+from paging import (
+    CorruptPageError,
+    ManifestNotFoundError,
+    Page,
+    PageLayout,
+    PageNotFoundError,
+    PageStore,
+    PagingError,
+    RemoteTierWarning,
+    StoreConfig,
+)
 from testkit.faults import make_chain
+from testkit.redis_server import RedisServer
 
 FP = "ab" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)

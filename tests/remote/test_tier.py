@@ -10,11 +10,25 @@ import pytest
 import redis
 import torch
 
-from paging import (FORMAT_VERSION, ROOT_KEY, CorruptPageError, ManifestNotFoundError, Page,
-                    PageConflictError, PageLayout, PageStore, PagingError, RemoteConfig, RemoteError,
-                    RemoteTier, RemoteTierWarning, RemoteUnavailableError, StoreConfig)
-from testkit.redis_server import RedisServer
+from paging import (
+    FORMAT_VERSION,
+    ROOT_KEY,
+    CorruptPageError,
+    ManifestNotFoundError,
+    Page,
+    PageConflictError,
+    PageLayout,
+    PageStore,
+    PagingError,
+    RemoteConfig,
+    RemoteError,
+    RemoteTier,
+    RemoteTierWarning,
+    RemoteUnavailableError,
+    StoreConfig,
+)
 from testkit.faults import make_chain
+from testkit.redis_server import RedisServer
 
 FP, FP2 = "ab" * 32, "cd" * 32
 LAYOUT = PageLayout(2, 1, 4, "float32", 4)  # 256 payload bytes per page

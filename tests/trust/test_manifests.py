@@ -15,7 +15,6 @@ import torch
 import paging.remote_tier as remote_tier
 from paging import FORMAT_VERSION, PageStore, StoreConfig
 from paging.framing import seal_value
-
 from tieredkv.artifacts.artifact import Artifact, deposit, graft, load_artifact
 from tieredkv.artifacts.check import check_store
 from tieredkv.artifacts.file_format import encode_header

@@ -15,7 +15,7 @@ from paging import PageStore, StoreConfig
 from testkit.trust_faults import cli_many, forge_file
 from tieredkv.artifacts.artifact import deposit, graft
 from tieredkv.artifacts.portable import export_artifact, import_artifact, read_header
-from tieredkv.artifacts.recompute import Recomputer, RecomputeMismatchError, sample_pages
+from tieredkv.artifacts.recompute import RecomputeMismatchError, Recomputer, sample_pages
 from tieredkv.question.corpus import python_reference
 
 PAGE = 8

@@ -21,18 +21,23 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter, page_key
+from paging.errors import (
+    REBUILD_HINT,
+    CorruptPageError,
+    LayoutMismatchError,
+    ManifestNotFoundError,
+    StoreCorruptedError,
+)
 from paging.restore import Restored
-from paging.errors import (REBUILD_HINT, CorruptPageError, LayoutMismatchError, ManifestNotFoundError,
-                           StoreCorruptedError)
-from tieredkv.engine import attention
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.artifacts.manifest import iter_pages, parse_manifest, read_back
 from tieredkv.artifacts.record import Artifact, artifact_id
-from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
+from tieredkv.engine import attention
+from tieredkv.engine.schedule import canonical_chunks
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
 from tieredkv.models.loading import LoadedModel, forward_for
 from tieredkv.models.token_ids import check_token_ids
-from tieredkv.engine.schedule import canonical_chunks
+from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
 
 STORE_FINGERPRINT_META = "model_fingerprint"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")

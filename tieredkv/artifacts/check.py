@@ -76,7 +76,7 @@ def check_store(store: PageStore, *, sample: float = 1.0, seed: int = 0,
 
 def _recompute(store: PageStore, art, lm, fraction: float, *, seed: str) -> dict[str, Any]:
     from tieredkv.artifacts.manifest import iter_pages
-    from tieredkv.artifacts.recompute import Recomputer, RecomputeMismatchError, why_not_recomputable
+    from tieredkv.artifacts.recompute import RecomputeMismatchError, Recomputer, why_not_recomputable
 
     why = why_not_recomputable(lm, art)
     if why is not None:

@@ -45,10 +45,16 @@ from paging import PageLayout
 from paging.framing import PREFIX, canonical_json, is_int, pack_prefix, strict_json, unpack_prefix
 from paging.page import MAX_HEADER_NBYTES as PAGE_MAX_HEADER_NBYTES
 from paging.page import payload_digest
-from tieredkv.artifacts.record import (Artifact, ArtifactFormatError, ArtifactIntegrityError, ArtifactVersionError,
-                                       is_hex64, parse_record)
-from tieredkv.errors import TieredKVError
+from tieredkv.artifacts.record import (
+    Artifact,
+    ArtifactFormatError,
+    ArtifactIntegrityError,
+    ArtifactVersionError,
+    is_hex64,
+    parse_record,
+)
 from tieredkv.engine.schedule import canonical_chunks
+from tieredkv.errors import TieredKVError
 
 MAGIC = b"TKVA"
 FILE_VERSION = 2

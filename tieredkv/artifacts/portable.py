@@ -23,18 +23,28 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
+from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
+from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
+from paging.page import is_valid_page, payload_digest
 from safefiles import AtomicFile
 from safefiles import check_target as _check_target
-from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
-from paging.page import is_valid_page, payload_digest
-from paging.errors import CorruptPageError, ManifestNotFoundError, PageConflictError
 from tieredkv.artifacts.artifact import STORE_FINGERPRINT_META, Artifact, load_artifact, store_fingerprint
+from tieredkv.artifacts.file_format import (
+    FILE_VERSION,
+    ArtifactFormatError,
+    ArtifactHeader,
+    ArtifactIntegrityError,
+    ArtifactTruncatedError,
+    ArtifactVersionError,
+    ArtifactWriteError,
+    encode_header,
+    iter_page_blobs,
+    read_header,
+    read_token_ids,
+)
 from tieredkv.artifacts.manifest import verify_artifact
-from tieredkv.artifacts.file_format import (ArtifactFormatError, ArtifactHeader, ArtifactIntegrityError,
-                                    ArtifactTruncatedError, ArtifactVersionError, ArtifactWriteError, FILE_VERSION,
-                                    encode_header, iter_page_blobs, read_header, read_token_ids)
-from tieredkv.provenance.domain import check_domain, sha256_ids
 from tieredkv.errors import ModelMismatchError
+from tieredkv.provenance.domain import check_domain, sha256_ids
 
 T = TypeVar("T")
 _PREFETCH_DEPTH = 2

@@ -23,8 +23,8 @@ import torch
 from paging import Page
 from tieredkv.artifacts.artifact import Artifact, install_kv, prefill
 from tieredkv.artifacts.capture import CaptureCache
-from tieredkv.provenance.domain import determinism_domain, domain_differences
 from tieredkv.errors import DomainMismatchError, ModelMismatchError, TieredKVError, UnsupportedModelError
+from tieredkv.provenance.domain import determinism_domain, domain_differences
 
 
 class RecomputeMismatchError(TieredKVError):

@@ -11,8 +11,8 @@ import stat
 from pathlib import Path
 from typing import Any, Iterator
 
-from tieredkv.errors import TieredKVError
 from tieredkv.engine.tiered_config import MAX_PAGE_SIZE  # noqa: F401 - the CLI's bound is the config's
+from tieredkv.errors import TieredKVError
 
 
 class InputError(TieredKVError):

@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import sys
 
-from tieredkv.cli.common import (MAX_NEW_TOKENS, int_between, model_arg, nothing_left_if_refused, open_store,
-                                 print_json, store_args, utf8_text)
+from tieredkv.cli.common import (
+    MAX_NEW_TOKENS,
+    int_between,
+    model_arg,
+    nothing_left_if_refused,
+    open_store,
+    print_json,
+    store_args,
+    utf8_text,
+)
 
 VERIFIER_HELP = ("`arithmetic`, `answer-key:FILE.json` (JSON object: problem -> answer) or `package.module:name` "
                  "(a Verifier class or instance, or a function (problem, solution) -> bool)")

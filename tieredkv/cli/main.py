@@ -12,12 +12,24 @@ import select
 import sys
 import warnings
 
-from tieredkv.cli.common import (MAX_PAGE_SIZE, InputError, OneLineParser, int_at_least, int_between,
-                                 model_arg as _model_arg, nothing_left_if_refused,
-                                 open_store as _open_store, positive_int, print_json as _print, read_text_file,
-                                 require_store, store_args, utf8_text)
-from tieredkv.errors import EmptyInputError, TieredKVError
 from paging.errors import PagingError
+from tieredkv.cli.common import (
+    MAX_PAGE_SIZE,
+    InputError,
+    OneLineParser,
+    int_at_least,
+    int_between,
+    nothing_left_if_refused,
+    positive_int,
+    read_text_file,
+    require_store,
+    store_args,
+    utf8_text,
+)
+from tieredkv.cli.common import model_arg as _model_arg
+from tieredkv.cli.common import open_store as _open_store
+from tieredkv.cli.common import print_json as _print
+from tieredkv.errors import EmptyInputError, TieredKVError
 
 DEBUG_ENV = "TIEREDKV_DEBUG"  # set to 1 to see the traceback of an unexpected error
 MAX_SHIFT = 1 << 24  # positions a verify may graft away: more than any context this project reaches

@@ -18,8 +18,19 @@ import signal
 import subprocess
 import sys
 
-from tieredkv.cli.common import (DEFAULT_MODEL, InputError, fraction, model_arg, nonneg_int, nothing_left_if_refused,
-                                 open_store, print_json, regular_file, require_store, store_args)
+from tieredkv.cli.common import (
+    DEFAULT_MODEL,
+    InputError,
+    fraction,
+    model_arg,
+    nonneg_int,
+    nothing_left_if_refused,
+    open_store,
+    print_json,
+    regular_file,
+    require_store,
+    store_args,
+)
 
 
 def cmd_export(args) -> int:
@@ -55,8 +66,8 @@ def cmd_import(args) -> int:
     path = regular_file(args.file, "artifact file")  # NOTE: after the flags: a usage error is told first
     promise = "not checked (no --model): give --model to compare the artifact's domain with this machine's"
     if args.model is not None:
-        from tieredkv.provenance.domain import determinism_domain, domain_differences
         from tieredkv.models.loading import load_model
+        from tieredkv.provenance.domain import determinism_domain, domain_differences
 
         lm = load_model(args.model, quiet=args.quiet)
         art = read_header(path).artifact

@@ -11,17 +11,29 @@ import time
 import warnings
 from pathlib import Path
 
-from tieredkv.cli.common import (MAX_NEW_TOKENS, MAX_PAGE_SIZE, InputError, int_at_least, int_between, model_arg,
-                                 nonneg_int, nothing_left_if_refused, open_store, positive_int, read_text_file,
-                                 store_path, utf8_text)
+from tieredkv.cli.common import (
+    MAX_NEW_TOKENS,
+    MAX_PAGE_SIZE,
+    InputError,
+    int_at_least,
+    int_between,
+    model_arg,
+    nonneg_int,
+    nothing_left_if_refused,
+    open_store,
+    positive_int,
+    read_text_file,
+    store_path,
+    utf8_text,
+)
 
 MIN_DISK_BUDGET = 32 << 20  # LMDB's own overhead is 16 MiB (TieredModel.check_disk_budget)
 
 
 def _config_fields(args) -> dict:
     """TieredConfig fields the flags set over the library's QA defaults (tieredkv.question.qa.qa_config)."""
-    from tieredkv.question.qa import QA_READING
     from tieredkv.engine.tiered_config import ReadingConfig
+    from tieredkv.question.qa import QA_READING
 
     fields = dict(page_size=args.page_size, sink_pages=args.sink_pages, local_pages=args.local_pages,
                   topk_pages=args.topk_pages, position=args.position)
@@ -189,9 +201,9 @@ def _print(args, ans, doc, load_s: float, store_dir: str) -> None:
 
 
 def register(sub) -> None:
+    from tieredkv.engine.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
     from tieredkv.question.corpus import DEFAULT_QUESTION
     from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
-    from tieredkv.engine.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
 
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)

@@ -13,7 +13,6 @@ from contextvars import ContextVar
 from typing import Iterator
 
 import torch
-
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface

@@ -24,12 +24,12 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from tieredkv.engine import attention, head_block
-from tieredkv.errors import CacheNotActiveError, UnsupportedModelError
 from tieredkv.engine.kv_buffer import SlotKey, WorkingSetBuffer
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.prefetch import Prefetcher
 from tieredkv.engine.tiered_config import REUSE_MIN_COSINE, TieredConfig
 from tieredkv.engine.working_set import HeadPages, Span, build_mask, sliding_spans
+from tieredkv.errors import CacheNotActiveError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

@@ -220,8 +220,8 @@ def stored_under(recorded: dict, current: dict) -> bool:
 
 def _can_move_keys(model) -> bool:
     """Whether the fixed-distance policy can re-rotate this model's keys (no: learned positions)."""
-    from tieredkv.errors import UnsupportedModelError
     from tieredkv.engine.rotary import rotary_module
+    from tieredkv.errors import UnsupportedModelError
 
     try:
         rotary_module(model)

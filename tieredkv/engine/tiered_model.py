@@ -23,24 +23,37 @@ import numpy as np
 import torch
 
 from index import IndexStaleError, PageIndex
-from safefiles import AtomicFile
 from paging import PageLayout, PageStore, StoreConfig
-from tieredkv.engine import attention
-from tieredkv.artifacts.artifact import (Artifact, artifact_id, bind_store, load_artifact, put_manifest,
-                                        require_stored)
+from safefiles import AtomicFile
+from tieredkv.artifacts.artifact import Artifact, artifact_id, bind_store, load_artifact, put_manifest, require_stored
 from tieredkv.artifacts.manifest import read_back
-from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
-from tieredkv.errors import (CacheNotActiveError, ClosedError, DiskBudgetError, EmptyInputError, ModelMismatchError,
-                             StoreNotGivenError, TornContextError, UnsupportedModelError)
-from tieredkv.models.loading import (LoadedModel, forward_for, kv_bytes_per_token, load_model, num_kv_heads,
-                                     trained_window)
+from tieredkv.engine import attention
 from tieredkv.engine.generation import generation_options, prompt_ids, seeded, with_prompt
-from tieredkv.models.token_ids import check_token_ids
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.schedule import canonical_chunks
 from tieredkv.engine.tiered_cache import TieredCache, page_summaries
 from tieredkv.engine.tiered_config import AUTO, TieredConfig
 from tieredkv.engine.working_set import Span
+from tieredkv.errors import (
+    CacheNotActiveError,
+    ClosedError,
+    DiskBudgetError,
+    EmptyInputError,
+    ModelMismatchError,
+    StoreNotGivenError,
+    TornContextError,
+    UnsupportedModelError,
+)
+from tieredkv.models.loading import (
+    LoadedModel,
+    forward_for,
+    kv_bytes_per_token,
+    load_model,
+    num_kv_heads,
+    trained_window,
+)
+from tieredkv.models.token_ids import check_token_ids
+from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
 
 log = logging.getLogger(__name__)
 

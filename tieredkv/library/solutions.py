@@ -22,11 +22,11 @@ from transformers import DynamicCache
 from paging import PageStore
 from paging.errors import CorruptPageError, PageNotFoundError
 from tieredkv.artifacts.artifact import deposit, graft, grafted_token_ids, load_artifact, prefill
+from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, TieredKVError
 from tieredkv.library.entries import LibraryEntry, LibraryIndex, problem_sha256
-from tieredkv.models.loading import LoadedModel
-from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.library.verifiers import Verdict, as_verifier, verifier_identity
+from tieredkv.models.loading import LoadedModel
 
 __all__ = ["Library", "LibraryEntry", "SolveResult", "SolutionRejectedError", "answer_plain", "problem_sha256"]
 

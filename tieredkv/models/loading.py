@@ -122,8 +122,7 @@ def fingerprint_model(model, codec: TextCodec) -> str:
 
 # ----------------------------------------------------------------------------- tiny models
 def _tiny_configs() -> dict[str, Callable[[], Any]]:
-    from transformers import (Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig,
-                              Qwen2Config)
+    from transformers import Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     v = ByteTokenizer.vocab_size
     common = dict(vocab_size=v, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

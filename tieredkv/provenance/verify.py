@@ -18,11 +18,11 @@ from transformers import DynamicCache
 
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import deposit, graft, prefill
-from tieredkv.question.corpus import python_reference, text_sha256
-from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_ids, sha256_tensor
+from tieredkv.engine.rotary import rerotate
 from tieredkv.errors import EmptyInputError
 from tieredkv.models.loading import LoadedModel
-from tieredkv.engine.rotary import rerotate
+from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_ids, sha256_tensor
+from tieredkv.question.corpus import python_reference, text_sha256
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,8 @@ def find_artifact(store, doc_ids: Sequence[int], domain: dict, model_fingerprint
     can write a manifest may change): its `token_ids_sha256` must be `doc_ids`' hash AND its page keys the
     chain recomputed from `doc_ids` (so every page it would graft commits to these tokens)."""
     from tieredkv.artifacts.manifest import parse_manifest
-    from tieredkv.provenance.domain import domain_differences, sha256_ids
     from tieredkv.engine.tiered_config import stored_under
+    from tieredkv.provenance.domain import domain_differences, sha256_ids
 
     want = sha256_ids(doc_ids)
     for art_id in store.list_manifests():

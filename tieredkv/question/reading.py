@@ -33,8 +33,8 @@ import numpy as np
 
 from index.lexical import STOPWORDS
 from tieredkv.engine.placement import PlacementPolicy
-from tieredkv.question.reencode import attention_votes
 from tieredkv.engine.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
+from tieredkv.question.reencode import attention_votes
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
 _WORD = re.compile(r"[a-z0-9_]+")
