@@ -36,8 +36,8 @@
 Every graft's first-token logits are checked SHA-256-equal to a fresh prefill's. Each repeat runs
 every measurement once, in the same order, so a busy neighbour slows ceilings and restores alike.
 
-    python bench/restore_ceiling.py --json                # smollm2, 4,096 tokens
-    python bench/restore_ceiling.py --tokens 2048 --repeats 3 --skip-deposit
+    python -m bench.restore_ceiling --json                # smollm2, 4,096 tokens
+    python -m bench.restore_ceiling --tokens 2048 --repeats 3 --skip-deposit
 """
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -66,6 +67,9 @@ from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.models.loading import load_model
 from tieredkv.provenance.domain import determinism_domain, domain_id, sha256_tensor
 from tieredkv.question.corpus import python_reference, text_sha256
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAnswer:"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restore_ceiling.json"
@@ -230,206 +234,274 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def main() -> None:
-    args = parse_args()
-    env = environment()
-    load_start = os.getloadavg()
-    started = time.perf_counter()
+# ----------------------------------------------------------------------------- the plan and the reference
+@dataclass
+class Plan:
+    """What every step measures: the model (on its device), its page size, the context and the prompt."""
+
+    lm: Any
+    page_size: int
+    ids: list[int]
+    prompt: list[int]
+
+
+def build_plan(args: argparse.Namespace) -> Plan:
     lm = load_model(args.model)
     lm.model.to(args.device)
     page_size = lm.default_page_size
-    ids = (lm.codec.encode(python_reference()) * 4)[:args.tokens]
-    prompt = lm.codec.encode(PROMPT)
-    rows: list[dict[str, Any]] = []
-    outputs: dict[str, str] = {}
+    return Plan(lm, page_size, (lm.codec.encode(python_reference()) * 4)[:args.tokens], lm.codec.encode(PROMPT))
 
+
+def plain_prefill(plan: Plan, chunk: int) -> tuple[float, DynamicCache]:
     from transformers import DynamicCache
 
-    def plain_prefill(chunk: int) -> tuple[float, DynamicCache]:
-        cache = DynamicCache(config=lm.model.config)
-        with timed() as t, torch.inference_mode():
-            prefill(lm, ids, cache, page_size=chunk)
-        return t["s"], cache
+    cache = DynamicCache(config=plan.lm.model.config)
+    with timed() as t, torch.inference_mode():
+        prefill(plan.lm, plan.ids, cache, page_size=chunk)
+    return t["s"], cache
 
-    def forward_alone(chunk: int) -> float:
-        """deposit()'s own forward (`deposit_forward`) of the same tokens: nothing sealed or written."""
-        cache = CaptureCache(lm.model.config, capacity=len(ids))  # as deposit() makes it
-        with timed() as t, torch.inference_mode():
-            deposit_forward(lm, ids, cache, page_size=chunk, on_chunk=lambda _s, _e, _out: cache.take())
-        return t["s"]
+
+def forward_alone(plan: Plan, chunk: int) -> float:
+    """deposit()'s own forward (`deposit_forward`) of the same tokens: nothing sealed or written."""
+    cache = CaptureCache(plan.lm.model.config, capacity=len(plan.ids))  # as deposit() makes it
+    with timed() as t, torch.inference_mode():
+        deposit_forward(plan.lm, plan.ids, cache, page_size=chunk, on_chunk=lambda _s, _e, _out: cache.take())
+    return t["s"]
+
+
+def recompute_reference(plan: Plan) -> str:
+    """Warm the model up; then the SHA-256 of a plain prefill's first-token logits, which every graft must equal."""
+    from transformers import DynamicCache
 
     print("# warm-up and recompute reference ...", file=sys.stderr)
     with torch.inference_mode():
-        prefill(lm, ids[:2 * page_size], DynamicCache(config=lm.model.config), page_size=page_size)
-    _, ref_cache = plain_prefill(page_size)
-    ref = first_token(lm, ref_cache, prompt, len(ids), page_size)
-    outputs["recompute first-token logits"] = ref_sha = sha256_tensor(ref)
-    del ref_cache
+        prefill(plan.lm, plan.ids[:2 * plan.page_size], DynamicCache(config=plan.lm.model.config),
+                page_size=plan.page_size)
+    _, ref_cache = plain_prefill(plan, plan.page_size)
+    return sha256_tensor(first_token(plan.lm, ref_cache, plan.prompt, len(plan.ids), plan.page_size))
 
-    with tempfile.TemporaryDirectory(prefix="bench-restore-") as tmp:
-        store_dir = f"{tmp}/store"
-        # ------------------------------------------------------------------ deposit vs plain prefill
-        wide = 4 * page_size  # pages of 512 tokens: the ceiling's own chunk schedule
-        dep = {"deposit": [], "deposit_wide": [], "prefill_512": [], "prefill_canonical": [],
-               "forward_canonical": [], "forward_wide": []}
-        write_cpu = {"deposit": [], "deposit_wide": []}  # thread CPU seconds of each deposit's page writes
-        mem = {k: [] for k in ("first_touch", "touched", "page_cache_new", "page_cache_cached")}
-        art = None
-        for r in range(0 if args.skip_deposit else args.deposit_repeats):
-            print(f"# deposit vs prefill, repeat {r + 1}/{args.deposit_repeats} ...", file=sys.stderr)
-            dep["prefill_512"].append(plain_prefill(512)[0])
-            dep["prefill_canonical"].append(plain_prefill(page_size)[0])
-            dep["forward_canonical"].append(forward_alone(page_size))
-            dep["forward_wide"].append(forward_alone(wide))
-            for name, size in (("deposit", page_size), ("deposit_wide", wide)):
-                path = store_dir if (r == 0 and name == "deposit") else f"{tmp}/{name}{r}"
-                with WriteTimedStore(path, StoreConfig(host_budget_bytes=16 << 30, lmdb_map_size=4 << 30)) as store:
-                    with timed() as t:
-                        a = deposit(lm, ids, store, page_size=size)
-                dep[name].append(t["s"])
-                write_cpu[name].append(store.write_cpu_s)
-                if name == "deposit":
-                    art = art or a
-                else:
-                    shutil.rmtree(path, ignore_errors=True)
-            if r:
-                shutil.rmtree(f"{tmp}/deposit{r}", ignore_errors=True)
-            fresh_kv = restore_nbytes(len(ids), PageLayout.from_dict(art.layout))  # the bytes a deposit writes
-            for k, secs in fresh_memory(fresh_kv, tmp).items():
-                mem[k].append(secs)
-        if art is None:
-            with PageStore(store_dir, StoreConfig(lmdb_map_size=4 << 30)) as store:
-                art = deposit(lm, ids, store, page_size=page_size)
-        if dep["deposit"]:
-            tok_s = {k: len(ids) / median(v) for k, v in dep.items()}
 
-            def row(figure, value, ceiling, ceiling_value, target=None):
-                return {"figure": figure, "value": tok_s[value], "unit": "tok/s", "ceiling": ceiling,
-                        "ceiling_value": tok_s[ceiling_value], "ratio": tok_s[value] / tok_s[ceiling_value],
-                        "target": target, "seconds_all": dep[value], "ceiling_seconds_all": dep[ceiling_value]}
-            rows.append(row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
-                            "plain prefill, 512-token chunks", "prefill_512", 0.95))
-            rows.append(row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
-                            f"plain prefill, the same {page_size}-token chunks", "prefill_canonical"))
-            rows.append(row(f"deposit, {wide}-token pages (--page-size {wide})", "deposit_wide",
-                            "plain prefill, 512-token chunks", "prefill_512", 0.95))
-            rows.append(row(f"plain prefill, {page_size}-token chunks (the schedule's own price)", "prefill_canonical",
-                            "plain prefill, 512-token chunks", "prefill_512"))
-            rows.append(row(f"deposit's forward alone, {page_size}-token chunks (nothing sealed or written)",
-                            "forward_canonical", "plain prefill, 512-token chunks", "prefill_512"))
-            rows.append(row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
-                            f"deposit's forward alone, {page_size}-token chunks", "forward_canonical"))
-            rows.append(row(f"deposit, {wide}-token pages (--page-size {wide})", "deposit_wide",
-                            f"deposit's forward alone, {wide}-token chunks", "forward_wide"))
-            for name, size in (("deposit", page_size), ("deposit_wide", wide)):
-                rows.append({"figure": f"page writes of a {size}-token-page deposit (thread CPU, LMDB)",
-                             "value": median(write_cpu[name]), "unit": "s", "ceiling": "that deposit's wall time",
-                             "ceiling_value": median(dep[name]), "ratio": median(write_cpu[name]) / median(dep[name]),
-                             "target": None, "seconds_all": write_cpu[name], "ceiling_seconds_all": dep[name]})
-            gb = {k: fresh_kv / median(v) / 1e9 for k, v in mem.items()}
-            for fig, val, ceil, ceil_val in (
-                    ("first write of fresh memory (the deposit's K/V bytes)", "first_touch",
-                     "the same write into memory written before", "touched"),
-                    ("first write into the page cache (a new file, 6 MB pieces)", "page_cache_new",
-                     "the same write over the file's cached pages", "page_cache_cached")):
-                rows.append({"figure": fig, "value": gb[val], "unit": "GB/s", "ceiling": ceil,
-                             "ceiling_value": gb[ceil_val], "ratio": gb[val] / gb[ceil_val], "target": None,
-                             "seconds_all": mem[val], "ceiling_seconds_all": mem[ceil_val]})
+# ----------------------------------------------------------------------------- deposit vs plain prefill
+@dataclass
+class DepositTimes:
+    """Seconds per repeat: each deposit, plain prefill and forward alone (`seconds`), the thread CPU time of each
+    deposit's page writes (`write_cpu`), and the writes of the deposit's `nbytes` of K/V into memory (`memory`)."""
 
-        # ------------------------------------------------------------------ restore vs ceilings
-        layout = PageLayout.from_dict(art.layout)
-        kv_bytes = restore_nbytes(art.num_tokens, layout)
-        page_bytes = layout.payload_nbytes(page_size)
-        src = torch.randint(0, 256, (kv_bytes,), dtype=torch.uint8)
-        dst = torch.zeros_like(src)
-        buffer = torch.zeros(kv_bytes, dtype=torch.uint8)  # the reusable restore memory, touched once
-        sha = sha256_all_cores(memoryview(src.numpy()), page_bytes, args.workers)
-        # the same bytes in two more allocations: how much hashing speed depends on where memory lands
-        other = {"sha256_numpy_copy": np.array(src.numpy()), "sha256_mmap_copy": mmap.mmap(-1, kv_bytes)}
-        other["sha256_mmap_copy"][:] = src.numpy().tobytes()
-        other = {k: sha256_all_cores(memoryview(v).cast("B"), page_bytes, args.workers) for k, v in other.items()}
-        sha_copy = sha256_then_copy(src, dst, layout, page_size, args.workers)
-        t: dict[str, list[float]] = collections.defaultdict(list)  # figure -> seconds, one per repeat
-        split_pool = ThreadPoolExecutor(max_workers=args.workers)
-        checks: dict[str, Any] = {}
-        for r in range(args.repeats + 1):  # repeat 0 warms up and checks the logits; not timed
-            print(f"# restore repeat {r}/{args.repeats} ...", file=sys.stderr)
-            with timed() as s:
-                sha()
-            t["sha256_all_cores"].append(s["s"])
-            for name, fn in other.items():
-                with timed() as s:
-                    fn()
-                t[name].append(s["s"])
-            with timed() as s:
-                sha_copy()
-            t["sha256_then_copy"].append(s["s"])
-            with timed() as s:
-                dst.copy_(src)
-            t["memcpy_prealloc"].append(s["s"])
-            with timed() as s:
-                fresh = src.clone()
-            t["memcpy_fresh"].append(s["s"])
-            del fresh
-            for name, host, buf in (("lmdb", False, buffer), ("host", True, buffer),
-                                    ("lmdb_fresh", False, None), ("host_fresh", True, None)):
-                secs, cache, info = timed_graft(lm, art, store_dir, host=host, buffer=buf)
-                t[name].append(secs)
-                if r == 0:
-                    logits = first_token(lm, cache, prompt, art.num_tokens, page_size)
-                    outputs[f"graft ({name}) first-token logits"] = got = sha256_tensor(logits)
-                    checks[name] = {"logits_sha256_equal_recompute": got == ref_sha, **info}
-                del cache
-            for name, secs in restore_split(store_dir, list(art.page_keys), buffer, args.workers, split_pool).items():
-                t[name].append(secs)
-        t = {k: v[1:] for k, v in t.items()}
-        # the ceiling the targets hold against: per repeat, the fastest SHA-256 of these bytes, in any of
-        # the four places timed (hashing speed depends on where an allocation lands)
-        t["sha256_fastest"] = [min(x) for x in zip(*(t[k] for k in SHA_PLACES))]
-        gbs = {k: kv_bytes / median(v) / 1e9 for k, v in t.items()}
-        fastest = "sha256_fastest"
-        for name, ceiling, target in (("lmdb", fastest, 0.80), ("lmdb", "sha256_all_cores", None),
-                                      ("lmdb", "sha256_then_copy", None),
-                                      ("host", "memcpy_prealloc", 0.50),
-                                      ("lmdb_fresh", fastest, None),
-                                      ("host_fresh", "memcpy_fresh", None),
-                                      ("restore_alone", fastest, None),
-                                      ("verify_in_place", fastest, None),
-                                      *((k, fastest, None) for k in SHA_PLACES)):
-            rows.append({"figure": LABELS[name].format(w=args.workers), "value": gbs[name], "unit": "GB/s",
-                         "ceiling": LABELS[ceiling].format(w=args.workers), "ceiling_value": gbs[ceiling],
-                         "ratio": gbs[name] / gbs[ceiling], "target": target,
-                         "seconds_all": t[name], "ceiling_seconds_all": t[ceiling], **checks.get(name, {})})
-        # what the copy costs (restore minus the same verification with nothing copied), and the bound it
-        # puts on any verified restore that copies: the fastest SHA-256 plus that copy
-        copy_s = median(t["restore_alone"]) - median(t["verify_in_place"])
-        bound_s = median(t[fastest]) + copy_s
-        rows.append({"figure": "bound of a copying restore: the fastest SHA-256 + the copy "
-                               "(restore alone - verify in place)", "value": kv_bytes / bound_s / 1e9, "unit": "GB/s",
-                     "ceiling": LABELS[fastest].format(w=args.workers), "ceiling_value": gbs[fastest],
-                     "ratio": median(t[fastest]) / bound_s, "target": None, "copy_seconds": copy_s,
-                     "copy_gb_s": kv_bytes / copy_s / 1e9 if copy_s > 0 else None,
-                     "seconds_all": None, "ceiling_seconds_all": t[fastest]})
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in (
+        "deposit", "deposit_wide", "prefill_512", "prefill_canonical", "forward_canonical", "forward_wide")})
+    write_cpu: dict[str, list[float]] = field(default_factory=lambda: {"deposit": [], "deposit_wide": []})
+    memory: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in (
+        "first_touch", "touched", "page_cache_new", "page_cache_cached")})
+    nbytes: int = 0
 
-    elapsed = time.perf_counter() - started
-    for r in rows:
-        r["meets_target"] = None if r.get("target") is None else r["ratio"] >= r["target"]
-    domain = determinism_domain(lm.model, lm.fingerprint, page_size)
-    report = {
+
+def time_deposits(args: argparse.Namespace, plan: Plan, tmp: str, store_dir: str) -> tuple[Any, DepositTimes]:
+    """Every repeat, in one order: plain prefill (512-token, then canonical chunks), deposit()'s forward alone
+    (canonical, then 512-token chunks), deposit() with canonical, then 512-token pages, and the fresh-memory writes.
+    The artifact is the first canonical deposit, in `store_dir` (deposited once, untimed, under --skip-deposit)."""
+    page_size, wide = plan.page_size, 4 * plan.page_size  # pages of 512 tokens: the ceiling's own chunk schedule
+    times, art = DepositTimes(), None
+    dep = times.seconds
+    for r in range(0 if args.skip_deposit else args.deposit_repeats):
+        print(f"# deposit vs prefill, repeat {r + 1}/{args.deposit_repeats} ...", file=sys.stderr)
+        dep["prefill_512"].append(plain_prefill(plan, 512)[0])
+        dep["prefill_canonical"].append(plain_prefill(plan, page_size)[0])
+        dep["forward_canonical"].append(forward_alone(plan, page_size))
+        dep["forward_wide"].append(forward_alone(plan, wide))
+        for name, size in (("deposit", page_size), ("deposit_wide", wide)):
+            path = store_dir if (r == 0 and name == "deposit") else f"{tmp}/{name}{r}"
+            with WriteTimedStore(path, StoreConfig(host_budget_bytes=16 << 30, lmdb_map_size=4 << 30)) as store:
+                with timed() as t:
+                    a = deposit(plan.lm, plan.ids, store, page_size=size)
+            dep[name].append(t["s"])
+            times.write_cpu[name].append(store.write_cpu_s)
+            if name == "deposit":
+                art = art or a
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+        if r:
+            shutil.rmtree(f"{tmp}/deposit{r}", ignore_errors=True)
+        times.nbytes = restore_nbytes(len(plan.ids), PageLayout.from_dict(art.layout))  # the bytes a deposit writes
+        for k, secs in fresh_memory(times.nbytes, tmp).items():
+            times.memory[k].append(secs)
+    if art is None:
+        with PageStore(store_dir, StoreConfig(lmdb_map_size=4 << 30)) as store:
+            art = deposit(plan.lm, plan.ids, store, page_size=page_size)
+    return art, times
+
+
+def deposit_rows(plan: Plan, times: DepositTimes) -> list[dict[str, Any]]:
+    """Each deposit vs plain prefill and vs its own forward, the canonical schedule's own price, each deposit's page
+    writes vs its wall time, and first writes vs the same writes into memory written before (none if not timed)."""
+    dep, page_size, wide = times.seconds, plan.page_size, 4 * plan.page_size
+    if not dep["deposit"]:
+        return []
+    tok_s = {k: len(plan.ids) / median(v) for k, v in dep.items()}
+
+    def row(figure, value, ceiling, ceiling_value, target=None):
+        return {"figure": figure, "value": tok_s[value], "unit": "tok/s", "ceiling": ceiling,
+                "ceiling_value": tok_s[ceiling_value], "ratio": tok_s[value] / tok_s[ceiling_value],
+                "target": target, "seconds_all": dep[value], "ceiling_seconds_all": dep[ceiling_value]}
+    rows = [
+        row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
+            "plain prefill, 512-token chunks", "prefill_512", 0.95),
+        row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
+            f"plain prefill, the same {page_size}-token chunks", "prefill_canonical"),
+        row(f"deposit, {wide}-token pages (--page-size {wide})", "deposit_wide",
+            "plain prefill, 512-token chunks", "prefill_512", 0.95),
+        row(f"plain prefill, {page_size}-token chunks (the schedule's own price)", "prefill_canonical",
+            "plain prefill, 512-token chunks", "prefill_512"),
+        row(f"deposit's forward alone, {page_size}-token chunks (nothing sealed or written)",
+            "forward_canonical", "plain prefill, 512-token chunks", "prefill_512"),
+        row(f"deposit, {page_size}-token pages (canonical chunks)", "deposit",
+            f"deposit's forward alone, {page_size}-token chunks", "forward_canonical"),
+        row(f"deposit, {wide}-token pages (--page-size {wide})", "deposit_wide",
+            f"deposit's forward alone, {wide}-token chunks", "forward_wide"),
+    ]
+    write_cpu, mem = times.write_cpu, times.memory
+    for name, size in (("deposit", page_size), ("deposit_wide", wide)):
+        rows.append({"figure": f"page writes of a {size}-token-page deposit (thread CPU, LMDB)",
+                     "value": median(write_cpu[name]), "unit": "s", "ceiling": "that deposit's wall time",
+                     "ceiling_value": median(dep[name]), "ratio": median(write_cpu[name]) / median(dep[name]),
+                     "target": None, "seconds_all": write_cpu[name], "ceiling_seconds_all": dep[name]})
+    gb = {k: times.nbytes / median(v) / 1e9 for k, v in mem.items()}
+    for fig, val, ceil, ceil_val in (
+            ("first write of fresh memory (the deposit's K/V bytes)", "first_touch",
+             "the same write into memory written before", "touched"),
+            ("first write into the page cache (a new file, 6 MB pieces)", "page_cache_new",
+             "the same write over the file's cached pages", "page_cache_cached")):
+        rows.append({"figure": fig, "value": gb[val], "unit": "GB/s", "ceiling": ceil,
+                     "ceiling_value": gb[ceil_val], "ratio": gb[val] / gb[ceil_val], "target": None,
+                     "seconds_all": mem[val], "ceiling_seconds_all": mem[ceil_val]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- restore vs ceilings
+def sha256_ceilings(src: torch.Tensor, dst: torch.Tensor, layout, page_size: int, workers: int
+                    ) -> dict[str, Callable[[], None]]:
+    """SHA-256 over `src`'s bytes, a page a piece on `workers` threads: in the tensor itself, then the same bytes
+    in a numpy array and in an anonymous mmap (hashing speed depends on where memory lands); then SHA-256 and a
+    copy of each page into its place in `dst`."""
+    page_bytes = layout.payload_nbytes(page_size)
+    sha = sha256_all_cores(memoryview(src.numpy()), page_bytes, workers)
+    other = {"sha256_numpy_copy": np.array(src.numpy()), "sha256_mmap_copy": mmap.mmap(-1, src.numel())}
+    other["sha256_mmap_copy"][:] = src.numpy().tobytes()
+    other = {k: sha256_all_cores(memoryview(v).cast("B"), page_bytes, workers) for k, v in other.items()}
+    sha_copy = sha256_then_copy(src, dst, layout, page_size, workers)
+    return {"sha256_all_cores": sha, **other, "sha256_then_copy": sha_copy}
+
+
+def time_ceilings(times: dict[str, list[float]], ceilings: dict[str, Callable[[], None]], src: torch.Tensor,
+                  dst: torch.Tensor) -> None:
+    """Each SHA-256 ceiling once, then copying `src` into `dst` and into fresh memory (clone)."""
+    for name, fn in ceilings.items():
+        with timed() as s:
+            fn()
+        times[name].append(s["s"])
+    with timed() as s:
+        dst.copy_(src)
+    times["memcpy_prealloc"].append(s["s"])
+    with timed() as s:
+        fresh = src.clone()
+    times["memcpy_fresh"].append(s["s"])
+    del fresh
+
+
+def time_grafts(times: dict[str, list[float]], plan: Plan, art, store_dir: str, buffer: torch.Tensor,
+                outputs: dict[str, str], ref_sha: str | None) -> dict[str, dict]:
+    """Each graft once: from LMDB and from the host tier, into `buffer`, then into fresh memory. Given the
+    recompute reference, also each graft's first-token logits (into `outputs`): {graft: its checks}."""
+    checks = {}
+    for name, host, buf in (("lmdb", False, buffer), ("host", True, buffer),
+                            ("lmdb_fresh", False, None), ("host_fresh", True, None)):
+        secs, cache, info = timed_graft(plan.lm, art, store_dir, host=host, buffer=buf)
+        times[name].append(secs)
+        if ref_sha is not None:
+            logits = first_token(plan.lm, cache, plan.prompt, art.num_tokens, plan.page_size)
+            outputs[f"graft ({name}) first-token logits"] = got = sha256_tensor(logits)
+            checks[name] = {"logits_sha256_equal_recompute": got == ref_sha, **info}
+        del cache
+    return checks
+
+
+def time_restores(args: argparse.Namespace, plan: Plan, art, store_dir: str, ref_sha: str, outputs: dict[str, str]
+                  ) -> tuple[int, dict[str, list[float]], dict[str, dict]]:
+    """The K/V bytes, then seconds per timed repeat of every ceiling, graft and restore split, and the grafts'
+    checks. Each repeat runs them all once, in one order; repeat 0 warms up and checks the logits, not timed."""
+    layout = PageLayout.from_dict(art.layout)
+    kv_bytes = restore_nbytes(art.num_tokens, layout)
+    src = torch.randint(0, 256, (kv_bytes,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    buffer = torch.zeros(kv_bytes, dtype=torch.uint8)  # the reusable restore memory, touched once
+    ceilings = sha256_ceilings(src, dst, layout, plan.page_size, args.workers)
+    times: dict[str, list[float]] = collections.defaultdict(list)  # figure -> seconds, one per repeat
+    split_pool = ThreadPoolExecutor(max_workers=args.workers)
+    checks: dict[str, Any] = {}
+    for r in range(args.repeats + 1):
+        print(f"# restore repeat {r}/{args.repeats} ...", file=sys.stderr)
+        time_ceilings(times, ceilings, src, dst)
+        checks.update(time_grafts(times, plan, art, store_dir, buffer, outputs, ref_sha if r == 0 else None))
+        for name, secs in restore_split(store_dir, list(art.page_keys), buffer, args.workers, split_pool).items():
+            times[name].append(secs)
+    return kv_bytes, {k: v[1:] for k, v in times.items()}, checks
+
+
+def restore_rows(times: dict[str, list[float]], checks: dict[str, dict], kv_bytes: int, workers: int
+                 ) -> list[dict[str, Any]]:
+    """Each graft, restore split and SHA-256 against its ceiling, and the bound of a copying restore."""
+    # the ceiling the targets hold against: per repeat, the fastest SHA-256 of these bytes, in any of
+    # the four places timed (hashing speed depends on where an allocation lands)
+    fastest = "sha256_fastest"
+    t = {**times, fastest: [min(x) for x in zip(*(times[k] for k in SHA_PLACES))]}
+    gbs = {k: kv_bytes / median(v) / 1e9 for k, v in t.items()}
+    rows = []
+    for name, ceiling, target in (("lmdb", fastest, 0.80), ("lmdb", "sha256_all_cores", None),
+                                  ("lmdb", "sha256_then_copy", None),
+                                  ("host", "memcpy_prealloc", 0.50),
+                                  ("lmdb_fresh", fastest, None),
+                                  ("host_fresh", "memcpy_fresh", None),
+                                  ("restore_alone", fastest, None),
+                                  ("verify_in_place", fastest, None),
+                                  *((k, fastest, None) for k in SHA_PLACES)):
+        rows.append({"figure": LABELS[name].format(w=workers), "value": gbs[name], "unit": "GB/s",
+                     "ceiling": LABELS[ceiling].format(w=workers), "ceiling_value": gbs[ceiling],
+                     "ratio": gbs[name] / gbs[ceiling], "target": target,
+                     "seconds_all": t[name], "ceiling_seconds_all": t[ceiling], **checks.get(name, {})})
+    # what the copy costs (restore minus the same verification with nothing copied), and the bound it
+    # puts on any verified restore that copies: the fastest SHA-256 plus that copy
+    copy_s = median(t["restore_alone"]) - median(t["verify_in_place"])
+    bound_s = median(t[fastest]) + copy_s
+    rows.append({"figure": "bound of a copying restore: the fastest SHA-256 + the copy "
+                           "(restore alone - verify in place)", "value": kv_bytes / bound_s / 1e9, "unit": "GB/s",
+                 "ceiling": LABELS[fastest].format(w=workers), "ceiling_value": gbs[fastest],
+                 "ratio": median(t[fastest]) / bound_s, "target": None, "copy_seconds": copy_s,
+                 "copy_gb_s": kv_bytes / copy_s / 1e9 if copy_s > 0 else None,
+                 "seconds_all": None, "ceiling_seconds_all": t[fastest]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- report
+def build_report(args: argparse.Namespace, env: dict, plan: Plan, art, kv_bytes: int, outputs: dict[str, str],
+                 rows: list[dict[str, Any]], elapsed: float, load_start: tuple[float, float, float]) -> dict:
+    domain = determinism_domain(plan.lm.model, plan.lm.fingerprint, plan.page_size)
+    return {
         "bench": "restore_ceiling", "hardware": env,
-        "config": {"model": args.model, "tokens": args.tokens, "page_size": page_size, "repeats": args.repeats,
+        "config": {"model": args.model, "tokens": args.tokens, "page_size": plan.page_size, "repeats": args.repeats,
                    "deposit_repeats": args.deposit_repeats, "workers": args.workers, "kv_bytes": kv_bytes,
                    "device": args.device, "prompt": PROMPT, "torch_threads": torch.get_num_threads(),
                    "method": "each repeat runs every ceiling and every graft once, in one order; medians; "
                              "graft = graft() wall time (domain check, restore, chain check, install)"},
-        "model_fingerprint": lm.fingerprint, "domain": domain, "domain_id": domain_id(domain),
+        "model_fingerprint": plan.lm.fingerprint, "domain": domain, "domain_id": domain_id(domain),
         "inputs": {"corpus": "python_reference()", "corpus_sha256": text_sha256(python_reference()),
-                   "token_ids_sha256": sha256_ids(ids), "prompt_token_ids_sha256": sha256_ids(prompt),
+                   "token_ids_sha256": sha256_ids(plan.ids), "prompt_token_ids_sha256": sha256_ids(plan.prompt),
                    "artifact": art.artifact_id, "root_sha256": art.root_sha256},
         "outputs": outputs, "rows": rows, "seconds": round(elapsed, 1),
         "load_average_1_5_15": {"start": load_start, "end": os.getloadavg()},
     }
-    write_report(args.out, report, print_json=args.json)
+
+
+def print_table(args: argparse.Namespace, env: dict, load_start: tuple[float, float, float], kv_bytes: int,
+                rows: list[dict[str, Any]], elapsed: float) -> None:
     out = sys.stderr if args.json else sys.stdout
     print(f"# {env['cpu']}, {env['cores']} cores, torch threads {env['torch_threads']}, load "
           f"{load_start[0]:.1f} -> {os.getloadavg()[0]:.1f}; {args.model}, {args.tokens} tokens, "
@@ -441,6 +513,29 @@ def main() -> None:
                                  ("ratio", "ratio", ".2f"), ("target", "target", ".2f"), ("met", "ok", "s"),
                                  ("logits = recompute", "exact", "s")]), file=out)
     print(f"# {elapsed:.0f} s; JSON: {args.out}", file=out)
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> None:
+    args = parse_args()
+    env = environment()
+    load_start = os.getloadavg()
+    started = time.perf_counter()
+    plan = build_plan(args)
+    ref_sha = recompute_reference(plan)
+    outputs: dict[str, str] = {"recompute first-token logits": ref_sha}
+    with tempfile.TemporaryDirectory(prefix="bench-restore-") as tmp:
+        store_dir = f"{tmp}/store"
+        art, deposits = time_deposits(args, plan, tmp, store_dir)
+        rows = deposit_rows(plan, deposits)
+        kv_bytes, times, checks = time_restores(args, plan, art, store_dir, ref_sha, outputs)
+        rows += restore_rows(times, checks, kv_bytes, args.workers)
+    elapsed = time.perf_counter() - started
+    for r in rows:
+        r["meets_target"] = None if r.get("target") is None else r["ratio"] >= r["target"]
+    report = build_report(args, env, plan, art, kv_bytes, outputs, rows, elapsed, load_start)
+    write_report(args.out, report, print_json=args.json)
+    print_table(args, env, load_start, kv_bytes, rows, elapsed)
 
 
 if __name__ == "__main__":
