@@ -32,13 +32,11 @@ import blake3
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, markdown_table, sha256_ids, write_report  # noqa: E402
-
-from paging import PageStore, StoreConfig  # noqa: E402
-from tieredkv.artifacts.artifact import deposit  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.question.corpus import python_reference  # noqa: E402
+from bench.common import environment, markdown_table, sha256_ids, write_report
+from paging import PageStore, StoreConfig
+from tieredkv.artifacts.artifact import deposit
+from tieredkv.models.loading import load_model
+from tieredkv.question.corpus import python_reference
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "digest.json"
 BASELINE = "sha256"

@@ -11,7 +11,7 @@
 Run by scripts/gpu_check.sh; `--allow-cpu` runs the same code on CPU (the pinned path with plain
 memory) so the script itself is exercised where there is no GPU.
 
-    python bench/gpu_check.py --json --out bench/results/gpu_check.json
+    python -m bench.gpu_check --json --out bench/results/gpu_check.json
 """
 from __future__ import annotations
 

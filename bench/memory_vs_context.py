@@ -21,9 +21,9 @@ Each checkpoint also reports the page search (search_probe.py): ms per decode st
 and over a few more steps the flat scan's ms on the same queries and the recall of its top-k (the search
 is exact: recall 1.0 and identical selections, checked, not assumed).
 
-    python bench/memory_vs_context.py --model tiny-llama --contexts 8192,...,1048576 --json
-    python bench/memory_vs_context.py --model tiny-llama --contexts 8192,131072,1048576 --no-plain --decode-pair 8192
-    python bench/memory_vs_context.py --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
+    python -m bench.memory_vs_context --model tiny-llama --contexts 8192,...,1048576 --json
+    python -m bench.memory_vs_context --model tiny-llama --contexts 8192,131072,1048576 --no-plain --decode-pair 8192
+    python -m bench.memory_vs_context --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
         --ref-contexts 4096,8192 --no-plain
 """
 from __future__ import annotations

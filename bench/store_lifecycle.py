@@ -11,7 +11,7 @@ Measured, each in the same run as its baseline:
   disk cap  depositing the third document into a store capped at two: seconds against the same deposit
             into a store with room (the eviction's cost), and what was evicted
 
-    python bench/store_lifecycle.py --json
+    python -m bench.store_lifecycle --json
 """
 from __future__ import annotations
 
@@ -23,14 +23,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import environment, sha256_ids, write_report  # noqa: E402
-
-from paging import PageStore, StoreConfig  # noqa: E402
-from testkit.graft_child import continuation_logits  # noqa: E402
-from tieredkv.artifacts.artifact import deposit, graft  # noqa: E402
-from tieredkv.models.loading import load_model  # noqa: E402
-from tieredkv.provenance.domain import sha256_tensor  # noqa: E402
+from bench.report import environment, sha256_ids, write_report
+from paging import PageStore, StoreConfig
+from testkit.graft_child import continuation_logits
+from tieredkv.artifacts.artifact import deposit, graft
+from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import sha256_tensor
 
 
 def _ids(n: int, seed: int) -> list[int]:

@@ -333,7 +333,7 @@ def test_fixed_policy_moves_all_far_pages_in_one_rotation_with_the_same_bytes(ti
 
 
 def test_score_frame_is_part_of_the_fixed_regime_only():
-    from tieredkv.artifacts.artifact import chain_fingerprint
+    from tieredkv.artifacts.record import chain_fingerprint
 
     assert "score_frame" not in TieredConfig().regime(32)  # own positions: no effect, not recorded
     attended, own = TieredConfig(position="fixed"), TieredConfig(position="fixed", score_frame="own")
