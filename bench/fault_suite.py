@@ -395,7 +395,7 @@ def concurrency(world: World, rounds: int) -> dict[str, Any]:
     reads = sum(r["reads"] for r in results)
     return row("4 readers + 1 writer (spawn)", rounds, sum(r["clean"] for r in results),
                sum(len(r["errors"]) for r in results),
-               f"{reads:,} page reads, each SHA-256-verified from LMDB, chain re-checked, while 12 artifacts per "
+               f"{reads:,} page reads, each BLAKE3-verified from LMDB, chain re-checked, while 12 artifacts per "
                "round were written; no read error, no half-written artifact seen",
                rounds=[{k: r[k] for k in ("written", "reads", "passes", "errors", "exit_codes")} for r in results])
 

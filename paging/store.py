@@ -306,7 +306,7 @@ class PageStore:
     def restore(self, keys: Iterable[str], *, buffer: torch.Tensor | None = None,
                 workers: int | None = None) -> Restored:
         """The K/V of `keys`, back to back, in one [L, 2, Hkv, N, D] host tensor (restore.py):
-        host-tier copies as they are, LMDB pages through zero-copy views, SHA-256-verified on all
+        host-tier copies as they are, LMDB pages through zero-copy views, BLAKE3-verified on all
         cores before they are copied; pages only a remote holds, or whose bytes fail, through `get`.
         `buffer`: reusable flat uint8 memory to restore into (no fresh pages to fault in)."""
         return restore_pages(self, list(keys), buffer=buffer, workers=workers)

@@ -2,7 +2,7 @@
 
     deposit:  ids ──canonical chunks──> model ──CaptureCache──> Page.seal ──> store (LMDB)
                                                                      └──> manifest (written last)
-    graft:    manifest ──> PageStore.restore (SHA-256 verified on all cores, straight into per-layer
+    graft:    manifest ──> PageStore.restore (BLAKE3-verified on all cores, straight into per-layer
               K/V tensors; chain checked) ──> DynamicCache at positions [0, N)
 
 NOTE: the manifest is committed after every page it names, in its own transaction, so a deposit
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -31,7 +30,7 @@ from paging.errors import (
 from paging.restore import Restored
 from tieredkv.artifacts.capture import CaptureCache
 from tieredkv.artifacts.manifest import iter_pages, parse_manifest, read_back
-from tieredkv.artifacts.record import Artifact, artifact_id
+from tieredkv.artifacts.record import Artifact, artifact_id, is_hex64
 from tieredkv.engine import attention
 from tieredkv.engine.schedule import canonical_chunks
 from tieredkv.errors import ArtifactNotFoundError, EmptyInputError, ModelMismatchError
@@ -40,14 +39,13 @@ from tieredkv.models.token_ids import check_token_ids
 from tieredkv.provenance.domain import check_domain, determinism_domain, sha256_ids
 
 STORE_FINGERPRINT_META = "model_fingerprint"
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def store_fingerprint(store) -> str | None:
     """The model fingerprint a store is bound to (None: not bound yet). A recorded value that is not a
     SHA-256 hex digest was damaged on disk: StoreCorruptedError, not a blamed model."""
     recorded = store.get_meta(STORE_FINGERPRINT_META)
-    if recorded is not None and not _SHA256_HEX.fullmatch(recorded):
+    if recorded is not None and not is_hex64(recorded):
         raise StoreCorruptedError(
             f"store {store.path} records model fingerprint {recorded[:40]!r}, which is not a SHA-256 hex digest: "
             f"its meta was altered on disk — {REBUILD_HINT}")
@@ -282,7 +280,7 @@ def require_stored(store: PageStore, art: Artifact) -> Artifact:
 
 
 def load_pages(store: PageStore, art: Artifact) -> list[Page]:
-    """Every page of `art`, SHA-256-verified by the store, with the chain re-checked (manifest.iter_pages).
+    """Every page of `art`, BLAKE3-verified by the store, with the chain re-checked (manifest.iter_pages).
 
     A manifest the store's remote served is kept locally once every page it names is (never before).
     """
@@ -294,7 +292,7 @@ def load_pages(store: PageStore, art: Artifact) -> list[Page]:
 
 def restore_artifact(store: PageStore, art: Artifact, *, buffer: torch.Tensor | None = None) -> Restored:
     """Every page of `art` restored back to back (`PageStore.restore`: host copies as they are, LMDB
-    pages SHA-256-verified on all cores, then copied), with the chain re-checked."""
+    pages BLAKE3-verified on all cores, then copied), with the chain re-checked."""
     store.prefetch(art.page_keys)  # pipelined reads from a remote tier, if one is configured
     restored = store.restore(art.page_keys, buffer=buffer)
     parent, pos = ROOT_KEY, 0

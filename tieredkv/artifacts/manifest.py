@@ -115,7 +115,7 @@ def _lost(store: PageStore, art: Artifact, key: str) -> StoreIntegrityError:
 
 
 def iter_pages(store: PageStore, art: Artifact, *, local_only: bool = False) -> Iterator[Page]:
-    """Every page of `art` in order, SHA-256-verified by the store, with the hash chain checked.
+    """Every page of `art` in order, BLAKE3-verified by the store, with the hash chain checked.
 
     `local_only` reads LMDB itself (not the host copy): what a reader of the disk would get.
     """

@@ -176,7 +176,7 @@ class Library:
         decode a few tokens to see the model close its turn. None if the stored solution no longer passes."""
         try:
             art = load_artifact(self.store, entry.artifact_id)
-            ids = grafted_token_ids(self.store, art)  # SHA-256-verified pages
+            ids = grafted_token_ids(self.store, art)  # BLAKE3-verified pages
         except (ArtifactNotFoundError, PageNotFoundError, CorruptPageError):
             # NOTE: bad or missing bytes are a miss, never served: recompute the pages from the entry's
             # verified text (corrupt pages were quarantined by the store), then read them back.

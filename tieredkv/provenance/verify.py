@@ -1,6 +1,6 @@
 """`verify`: the exactness contract on demand.
 
-For each sample: a prefix is deposited, read back from the store (SHA-256 verified) and grafted
+For each sample: a prefix is deposited, read back from the store (BLAKE3-verified) and grafted
 into a fresh cache; a continuation is prefilled after it. Independently, prefix + continuation are
 prefilled fresh with the same chunk schedule. The continuation's logits are compared by SHA-256,
 KL divergence and argmax agreement. With `shift=K` the pages are grafted K positions away (keys
