@@ -8,6 +8,9 @@ evidence, so the answer sits at some depth of a document of that length. Per que
 
     tiered      the tiered path exactly as `tieredkv qa` runs it (tieredkv.question.qa: ingest once, graft,
                 question-time reading with the library's defaults for this length)
+    tiered-read     the same with the question-time reading at any length (inside the window too)
+    tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
+    tiered-attend   the same with no question-time step: attention over the stored pages
     ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
                 handed the right passage)
     bm25        BM25 over the document's 128-token pages, the top 6 in document order, then the plain
@@ -26,6 +29,7 @@ import argparse
 import bisect
 import dataclasses
 import hashlib
+import importlib
 import json
 import re
 import statistics
@@ -35,7 +39,6 @@ from pathlib import Path
 
 import torch
 
-from bench.longdoc_corpus import build_corpus
 from bench.report import environment, sha256_ids, write_report
 from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
@@ -46,9 +49,16 @@ from tieredkv.question.ask import QUIET
 from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config
 
 HERE = Path(__file__).resolve().parent
-QUESTIONS = HERE / "data" / "longdoc_questions.json"
-LENGTHS = {"16k": 16_384, "32k": 32_768, "128k": 131_072}
-SYSTEMS = ("tiered", "ceiling", "bm25", "truncation", "full", "signals")
+# question sets: (the module whose build_corpus() makes the corpus, the questions file under data/)
+QUESTION_SETS = {"longdoc": ("bench.longdoc_corpus", "longdoc_questions.json"),
+                 "news": ("bench.news_corpus", "news_questions.json")}
+# 4k and 8k fit the model's 8,192-token window with the frame, a question and its answer
+LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_072}
+SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", "ceiling", "bm25", "truncation", "full",
+           "signals")
+# the tiered path with its question-time step chosen, whatever the length: the reading (QA_READING), the
+# reading with the model judging 3 candidate places, or none (attention over the stored pages)
+FORCED = {"tiered-read": "read", "tiered-judge": "read:candidates=3", "tiered-attend": "none"}
 # "signals" answers nothing: it ranks the document's pages for the question by each signal the reading
 # could use, and records where the answer page lands (rank 1 = first).
 CEILING_TOKENS = 512
@@ -70,13 +80,15 @@ class Window:
     length: str
     index: int
     text: str
+    question_set: str = "longdoc"
     doc_ids: list[int] = dataclasses.field(default_factory=list)  # the prompt's document part
     prefix_len: int = 0  # tokens of the prompt frame before the document text
     starts: list[int] = dataclasses.field(default_factory=list)  # char offset of each doc_ids token in `text`
 
     @property
     def name(self) -> str:
-        return f"{self.length}-w{self.index}"
+        prefix = "" if self.question_set == "longdoc" else self.question_set + "-"
+        return f"{prefix}{self.length}-w{self.index}"
 
 
 @dataclasses.dataclass
@@ -103,7 +115,7 @@ def token_offsets(lm, text: str) -> list[int]:
     return [s for s, _ in tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
 
 
-def windows_for(lm, corpus_text: str, starts: list[int], length: str) -> list[Window]:
+def windows_for(lm, corpus_text: str, starts: list[int], length: str, question_set: str = "longdoc") -> list[Window]:
     """Windows of LENGTHS[length] corpus tokens tiling the corpus, the last one aligned to its end."""
     n, total = LENGTHS[length], len(starts)
     firsts = list(range(0, max(1, total - n + 1), n))
@@ -113,17 +125,19 @@ def windows_for(lm, corpus_text: str, starts: list[int], length: str) -> list[Wi
     for i, a in enumerate(firsts):
         b = min(a + n, total)
         end = starts[b] if b < total else len(corpus_text)
-        out.append(Window(length, i, corpus_text[starts[a]:end].strip("\n")))
+        out.append(Window(length, i, corpus_text[starts[a]:end].strip("\n"), question_set))
     return out
 
 
-def prepare(lm, lengths: list[str], only: set[str] | None) -> tuple[dict, list[Item]]:
-    corpus = build_corpus()
-    questions = json.loads(QUESTIONS.read_text())
+def prepare(lm, lengths: list[str], only: set[str] | None, question_set: str = "longdoc") -> tuple[dict, list[Item]]:
+    module, file = QUESTION_SETS[question_set]
+    corpus = importlib.import_module(module).build_corpus()
+    questions_path = HERE / "data" / file
+    questions = json.loads(questions_path.read_text())
     starts = token_offsets(lm, corpus.text)
     items: list[Item] = []
     for length in lengths:
-        for w in windows_for(lm, corpus.text, starts, length):
+        for w in windows_for(lm, corpus.text, starts, length, question_set):
             w.doc_ids, _ = prompt_parts(lm, w.text, "x")
             w.prefix_len = len(w.doc_ids) - len(lm.codec.encode(w.text))
             w.starts = token_offsets(lm, w.text)
@@ -136,7 +150,8 @@ def prepare(lm, lengths: list[str], only: set[str] | None) -> tuple[dict, list[I
                 if at >= 0 and not taken:
                     items.append(Item(q, w, at, at / len(w.text)))
     info = {"corpus_sha256": corpus.sha256, "python": corpus.python_version,
-            "questions_sha256": hashlib.sha256(QUESTIONS.read_bytes()).hexdigest(), "corpus_tokens": len(starts),
+            "question_set": question_set, "questions_sha256": hashlib.sha256(questions_path.read_bytes()).hexdigest(),
+            "corpus_tokens": len(starts),
             "sources": [dataclasses.asdict(s) for s in corpus.sources]}
     return info, items
 
@@ -203,7 +218,7 @@ def parse_variant(spec: str) -> dict:
         return {"reading": None, "reencode_pages": int(spec.split("=")[1])}
     if spec.startswith("read"):
         kw = dict(part.split("=") for part in spec.partition(":")[2].split(",") if part)
-        conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int}
+        conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int, "candidates": int}
         from tieredkv.question.qa import QA_READING
 
         return {"reading": dataclasses.replace(QA_READING, **{k: conv[k](v) for k, v in kw.items()})}
@@ -254,6 +269,8 @@ class Runner:
         return self._prefix_cache[key]
 
     def run(self, system: str, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
+        if system in FORCED:
+            return self.tiered(item, q_ids, parse_variant(FORCED[system]))
         lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
         frame = w.doc_ids[:w.prefix_len]
         if system == "ceiling":
@@ -273,7 +290,7 @@ class Runner:
         if system in ("full", "truncation"):
             return self.prefix(system, w).answer(q_ids, max_new), {}
         if system == "tiered":
-            return self.tiered(item, q_ids)
+            return self.tiered(item, q_ids, self.variant)
         if system == "signals":
             return [], self.signals(item, q_ids)
         raise ValueError(system)
@@ -305,14 +322,14 @@ class Runner:
                 tm.close()
         return {"answer_pages": item.answer_pages(tm.page_size), "ranks": ranks}
 
-    def ask(self, tm, item: Item, q_ids: list[int]) -> tuple:
+    def ask(self, tm, item: Item, q_ids: list[int], variant: dict) -> tuple:
         """What `tieredkv qa` runs (TieredModel.open, then .ask); a store of an older version (--older-stores)
         is grafted by hand, without the byte-exact guarantee. Returns (artifact, grafted, domain note,
         open seconds, answer seconds, answer ids)."""
         w, max_new = item.window, self.a.max_new_tokens
         if not self.a.older_stores:
             doc = tm.open(w.text, name="longdoc:" + sha256_ids(w.doc_ids), room=len(q_ids) + max_new,
-                          progress=QUIET, **self.variant)
+                          progress=QUIET, **variant)
             ans = tm.ask(doc, item.q["question"], max_new_tokens=max_new)
             return doc.artifact, doc.context == "grafted", None, doc.open_s, ans.timings["answer_s"], ans.token_ids
         t0 = time.perf_counter()
@@ -324,14 +341,14 @@ class Runner:
         out = tm.generate(q_ids, max_new_tokens=max_new, question=item.q["question"])
         return art, grafted, domain_note, t_open, time.perf_counter() - t1, out
 
-    def tiered(self, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
+    def tiered(self, item: Item, q_ids: list[int], variant: dict) -> tuple[list[int], dict]:
         lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
-        config = qa_config(lm, len(w.doc_ids) + len(q_ids) + max_new, **self.variant)
+        config = qa_config(lm, len(w.doc_ids) + len(q_ids) + max_new, **variant)
         store_cfg = StoreConfig(device_budget_bytes=working_set_bytes(lm, config))
         with PageStore(self.work / w.name, store_cfg) as store:
             tm = TieredModel(lm, store, config)
             try:
-                art, grafted, domain_note, t_open, t_answer, out = self.ask(tm, item, q_ids)
+                art, grafted, domain_note, t_open, t_answer, out = self.ask(tm, item, q_ids, variant)
                 read = tm.last_reading.to_dict() if tm.last_reading is not None else None
                 # bytes on the model's device beside the device tier: the re-encoded frame and passages
                 fresh = [t for kv in tm.cache.reencoded.values() for pair in kv if pair for t in pair]
@@ -444,6 +461,9 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--lengths", default="16k,32k,128k")
+    ap.add_argument("--set", default="longdoc", choices=sorted(QUESTION_SETS), dest="question_set",
+                    help="the corpus and its questions: longdoc (CPython and Debian text, data/longdoc_questions.json) "
+                         "or news (300 news articles, data/news_questions.json, kept out of every tuning step)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--full-max", default="32k", help="run `full` only up to this length (quadratic attention)")
     ap.add_argument("--questions", help="comma list of question ids (default: all)")
@@ -540,7 +560,7 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     lm = load_model(a.model)
-    info, items = prepare(lm, a.length_list, set(a.questions.split(",")) if a.questions else None)
+    info, items = prepare(lm, a.length_list, set(a.questions.split(",")) if a.questions else None, a.question_set)
     if a.windows:
         items = [it for it in items if it.window.name in a.windows.split(",")]
     runner = Runner(lm, a)

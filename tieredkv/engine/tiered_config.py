@@ -37,10 +37,13 @@ class ReadingConfig:
     # The context's first tokens that frame it (a chat template's header and instructions): read before
     # the passages. None: the sink pages.
     frame_tokens: int | None = None
+    # Places considered: with more than `passages`, the model judges which to read (the question most
+    # likely after the passage; one forward per candidate). 1: the signal's best places, unjudged.
+    candidates: int = 1
 
     def __post_init__(self):
         check_ints(self, {"passages": (1, MAX_COUNT), "passage_tokens": (1, MAX_COUNT),
-                          "frame_tokens": (0, MAX_COUNT)})
+                          "frame_tokens": (0, MAX_COUNT), "candidates": (1, MAX_COUNT)})
         if self.signal not in READING_SIGNALS:
             raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
 
@@ -103,8 +106,10 @@ class TieredConfig:
     # most are computed afresh together, at the positions `fixed` packs them to (tieredkv/question/reencode.py).
     # Nothing stored changes. 0 (the default): off.
     reencode_pages: int = 0
-    # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves, find the
-    # passages it is about and read them afresh right before it (tieredkv/question/reading.py). None: off.
+    # Approximate: before a prompt is answered over a sealed context (right after ingest or graft), find the
+    # passages it is about and read them afresh right before it (tieredkv/question/reading.py), under either
+    # position policy. None: off (attention over the stored pages; exact under "own" while the context fits
+    # the working set).
     reading: ReadingConfig | None = None
     # Approximate, off by default (0): a decode step (one query token) may attend to a full-attention
     # layer's previous selection instead of searching again, for up to `reuse_steps` steps after a
@@ -136,8 +141,8 @@ class TieredConfig:
                              f"{self.union_pages!r} with retrieval={self.retrieval!r}")
         if self.score_frame not in SCORE_FRAMES:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
-        if self.reading is not None and (self.position == "own" or self.reencode_pages):
-            raise ValueError("reading is for position='fixed' (or 'auto'), and replaces reencode_pages: give one")
+        if self.reading is not None and self.reencode_pages:
+            raise ValueError("reading replaces reencode_pages: give one")
         if self.reencode_pages and self.position == "own":
             raise ValueError(f"reencode_pages is for position='fixed' only "
                              f"(got {self.reencode_pages} with position={self.position!r})")
@@ -156,9 +161,8 @@ class TieredConfig:
         if position == "own" and self.reencode_pages:
             raise ValueError(f"reencode_pages={self.reencode_pages}: re-encoding is for the fixed policy, and "
                              f"{num_tokens:,} tokens fit this model's window ({window:,}): own positions apply")
-        # reading is what a question does beyond the window; inside it the model reads the whole context
-        # topk_pages, if None, takes the chosen policy's default
-        return replace(self, position=position, reading=self.reading if position == "fixed" else None)
+        # topk_pages, if None, takes the chosen policy's default; reading applies under either policy
+        return replace(self, position=position)
 
     @property
     def capacity_pages(self) -> int:

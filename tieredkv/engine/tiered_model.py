@@ -283,11 +283,11 @@ class TieredModel:
         a [1, n] tensor, a BatchEncoding/dict with `input_ids`, or chat messages. Returns the new ids as a list,
         or HF's output object (sequences = prompt + new) with `return_dict_in_generate=True`.
 
-        Over a sealed context that retrieves (right after `ingest` or `graft`), a question first reads:
-        with `config.reading`, the passages it is about are read afresh right before it
-        (tieredkv/question/reading.py; `question` is the text its words are matched with, default the decoded
-        prompt; what was read is in `last_reading`); with `config.reencode_pages`, its
-        most-retrieved pages are re-encoded beside each layer's retrieval (tieredkv/question/reencode.py)."""
+        Over a sealed context (right after `ingest` or `graft`), a question first reads: with `config.reading`,
+        the passages it is about are read afresh right before it (tieredkv/question/reading.py; `question` is
+        the text its words are matched with, default the decoded prompt; what was read is in `last_reading`);
+        with `config.reencode_pages`, over a context that retrieves, its most-retrieved pages are re-encoded
+        beside each layer's retrieval (tieredkv/question/reencode.py)."""
         self._check_open()
         new_ids = self._token_ids(prompt_ids(inputs, getattr(self.lm.codec, "tokenizer", None)), "generate")
         gen_config, model_kwargs = generation_options(self.model, {"max_new_tokens": max_new_tokens, **kwargs})
@@ -311,24 +311,24 @@ class TieredModel:
         return out[0, 1:].tolist()
 
     def _read_for(self, new_ids: list[int], question: str | None) -> None:
-        """Question-time reading (or re-encoding) before a prompt over a sealed context that retrieves."""
+        """Question-time reading before a prompt over a sealed context (or re-encoding, over one that retrieves)."""
         self.last_reading = None
-        if not (self._sealed_and_retrieving() and not self.cache.reencoded):
+        if not self._sealed() or self.cache.reencoded:
             return
-        if self.config.reading is not None:
+        if self.config.reading is not None:  # NOTE: whether or not attention retrieves: a reading picks passages
             from tieredkv.question.reading import read
 
             query = question if question is not None else self.lm.codec.decode(list(new_ids))
             self.last_reading = read(self.cache, new_ids, query, self.config.reading, self.lm.codec)
-        elif self.config.reencode_pages:
+        elif self.config.reencode_pages and self.cache.retrieving:
             from tieredkv.question.reencode import probe, reencode
 
             reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
 
-    def _sealed_and_retrieving(self) -> bool:
-        """Every token is in a sealed page (right after ingest or graft), and more pages than one working set."""
+    def _sealed(self) -> bool:
+        """Every token is in a sealed page (right after ingest or graft)."""
         layer = self.cache.layers[0]
-        return layer.is_initialized and layer.keys.shape[1] == 0 and self.cache.retrieving
+        return layer.is_initialized and layer.keys.shape[1] == 0
 
     def check_disk_budget(self, num_tokens: int, *, budget_bytes: int | None = None) -> None:
         """Refuse, before any work, a context whose pages would not fit the disk (or `budget_bytes`)."""

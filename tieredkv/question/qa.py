@@ -31,14 +31,19 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     question and answer): own positions inside the model's window (exact), the fixed-distance policy
     with question-time reading (QA_READING) beyond it, whose document is ingested with per-head
     retrieval. `fields` override TieredConfig's (position "auto"; pass reading=None, or
-    reencode_pages=N, for another question-time step)."""
+    reencode_pages=N, for another question-time step; a reading given explicitly applies inside the
+    window too)."""
     fields.setdefault("position", AUTO)
-    if "reading" not in fields and not fields.get("reencode_pages") and fields["position"] != "own":
+    explicit = "reading" in fields
+    if not explicit and not fields.get("reencode_pages") and fields["position"] != "own":
         fields["reading"] = QA_READING
     if fields.get("reading") is not None and fields["reading"].frame_tokens is None:  # QA prompts open with a frame
         fields["reading"] = dataclasses.replace(fields["reading"], frame_tokens=frame_tokens(lm))
     config = TieredConfig(**fields).resolve(lm.model, num_tokens)
-    if config.reading is not None and config.reading.signal == "lexical" and "retrieval" not in fields:
+    if config.position == "own" and not explicit:
+        config = dataclasses.replace(config, reading=None)
+    if config.position == "fixed" and config.reading is not None and config.reading.signal == "lexical" \
+            and "retrieval" not in fields:
         # NOTE: a lexical reading's answer attends to the frame and passages computed afresh and to the
         # question, never to the stored pages' K/V (sliding-window layers aside), so the ingest may retrieve
         # per head: a working set of fixed size, ingest as fast at 128K as at 8K, the same answer

@@ -49,6 +49,9 @@ class Reading:
     ranked: list[int]  # pages the signal scored, best first
     attention_votes: dict[int, int] = field(default_factory=dict)
     lexical_scores: dict[int, float] = field(default_factory=dict)
+    # the places the model judged (ReadingConfig.candidates > passages), best place first, and their scores
+    candidates: list[tuple[int, int]] = field(default_factory=list)
+    likelihoods: list[float] = field(default_factory=list)
 
     def to_dict(self, top: int = 16) -> dict:
         d = asdict(self)
@@ -120,15 +123,15 @@ def centre(weights: Sequence[float], width: int) -> int:
     return int(np.argmax(around))
 
 
-def passages(cache, ranked: Sequence[int], query: str, config: ReadingConfig, codec, *,
-             first: int, end: int) -> list[tuple[int, int]]:
-    """Token ranges [a, b) (own positions, within [first, end)) of up to `config.passages` passages:
-    each centred where the question's words are densest in and around one of the best pages."""
+def places(cache, ranked: Sequence[int], query: str, count: int, width: int, codec, *,
+           first: int, end: int) -> list[tuple[int, int]]:
+    """Token ranges [a, b) (own positions, within [first, end)) of up to `count` passages of `width` tokens,
+    best page first: each centred where the question's words are densest in and around one of the best pages."""
     index = lexical_index(cache, codec)
     weights = {w: index.idf.get(w, 0.0) for w in set(_WORD.findall(query.lower())) if w not in STOPWORDS}
-    spans, n, out = cache.spans, config.passage_tokens, []
+    spans, out = cache.spans, []
     for p in ranked:
-        if len(out) == config.passages:
+        if len(out) == count:
             break
         if any(a <= spans[p].start and spans[p].end <= b for a, b in out):
             continue  # already read whole
@@ -137,10 +140,40 @@ def passages(cache, ranked: Sequence[int], query: str, config: ReadingConfig, co
         around = spans[lo_page].start  # own position of ids[0]
         dense = word_weights([codec.decode([t]) for t in ids], weights)
         # the centre lies in page p (its neighbours only widen the window the passage may use)
-        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], n)
-        a = max(first, min(around + c - n // 2, end - n))
-        out.append((a, min(end, a + n)))
-    return merge(out)
+        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], width)
+        a = max(first, min(around + c - width // 2, end - width))
+        out.append((a, min(end, a + width)))
+    return out
+
+
+def passages(cache, ranked: Sequence[int], query: str, config: ReadingConfig, codec, *,
+             first: int, end: int) -> list[tuple[int, int]]:
+    """The best `config.passages` places (`places`), merged where they overlap, in document order."""
+    return merge(places(cache, ranked, query, config.passages, config.passage_tokens, codec, first=first, end=end))
+
+
+def span_ids(cache, first: int, end: int) -> list[int]:
+    """The context's token ids at own positions [first, end), from its pages."""
+    return [t for sp in cache.spans if sp.end > first and sp.start < end
+            for t in cache.page_token_ids(sp.page_id)[max(0, first - sp.start):end - sp.start]]
+
+
+def likelihoods(cache, frame: int, ranges: Sequence[tuple[int, int]], prompt_ids: Sequence[int]) -> list[float]:
+    """Per range: the summed log-probability of `prompt_ids` after the context's frame and that range, by the
+    plain model (one forward each): how well the passage leads to the question (query likelihood, as in
+    Sachan et al. 2022's unsupervised passage re-ranking)."""
+    import torch
+
+    model, head, n = cache.model, span_ids(cache, 0, frame), len(prompt_ids)
+    target = torch.tensor(list(prompt_ids), device=model.device)
+    out = []
+    for a, b in ranges:
+        ids = head + span_ids(cache, a, b) + list(prompt_ids)
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids], device=model.device), logits_to_keep=n + 1).logits[0]
+        logp = torch.log_softmax(logits[:-1].float(), dim=-1)  # row i predicts prompt_ids[i]
+        out.append(float(logp.gather(1, target[:, None]).sum()))
+    return out
 
 
 def merge(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -197,10 +230,15 @@ def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, co
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}
     words = lexical_scores(cache, candidates, query, codec) if config.signal in ("lexical", "hybrid") else {}
     ranked = rank(candidates, votes, words, config.signal)
+    found = places(cache, ranked, query, max(config.passages, config.candidates), config.passage_tokens, codec,
+                   first=frame, end=end)
+    judged = likelihoods(cache, frame, found, prompt_ids) if len(found) > config.passages else []
+    if judged:
+        found = [r for _, r in sorted(zip(judged, found), key=lambda x: -x[0])]  # stable: ties keep the signal's order
     # nothing matched (no word of the question in the document): read the document's end, as truncation does
-    ranges = passages(cache, ranked, query, config, codec, first=frame, end=end) or \
-        [(max(frame, end - config.passage_tokens * config.passages), end)]
+    ranges = merge(found[:config.passages]) or [(max(frame, end - config.passage_tokens * config.passages), end)]
     parts = fragments(spans, merge([(0, frame), *ranges]))
     encode_fragments(cache, parts, end, keep_packed=True)
     cache.policy = CompactReading(len(spans))  # this context only: a reset restores the model's policy
-    return Reading(ranges, [p for p, _, _ in fragments(spans, ranges)], ranked, votes, words)
+    return Reading(ranges, [p for p, _, _ in fragments(spans, ranges)], ranked, votes, words,
+                   found if judged else [], sorted(judged, reverse=True))
