@@ -10,6 +10,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
                 question-time reading with the library's defaults for this length)
     tiered-read     the same with the question-time reading at any length (inside the window too)
     tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
+    ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc_budget.py)
     tiered-attend   the same with no question-time step: attention over the stored pages
     ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
                 handed the right passage)
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from bench.longdoc_budget import BUDGET_SYSTEMS
 from bench.report import environment, sha256_ids, write_report
 from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
@@ -54,8 +56,8 @@ QUESTION_SETS = {"longdoc": ("bench.longdoc_corpus", "longdoc_questions.json"),
                  "news": ("bench.news_corpus", "news_questions.json")}
 # 4k and 8k fit the model's 8,192-token window with the frame, a question and its answer
 LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_072}
-SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", "ceiling", "bm25", "truncation", "full",
-           "signals")
+SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", *BUDGET_SYSTEMS, "ceiling", "bm25",
+           "truncation", "full", "signals")
 # the tiered path with its question-time step chosen, whatever the length: the reading (QA_READING), the
 # reading with the model judging 3 candidate places, or none (attention over the stored pages)
 FORCED = {"tiered-read": "read", "tiered-judge": "read:candidates=3", "tiered-attend": "none"}
@@ -271,6 +273,10 @@ class Runner:
     def run(self, system: str, item: Item, q_ids: list[int]) -> tuple[list[int], dict]:
         if system in FORCED:
             return self.tiered(item, q_ids, parse_variant(FORCED[system]))
+        if system in BUDGET_SYSTEMS:
+            from bench.longdoc_budget import answer
+
+            return answer(self, item, q_ids, system)
         lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
         frame = w.doc_ids[:w.prefix_len]
         if system == "ceiling":

@@ -200,7 +200,10 @@ def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_p
     assert torch.equal(got["union"], got["per_head"])  # ... and the answer did not read them
     beyond = qa_config(lm, 10_000)
     assert beyond.position == "fixed" and beyond.retrieval == "per_head"
-    assert qa_config(lm, 4_000).retrieval == "union"  # inside the window: own positions, no reading
+    inside = qa_config(lm, 4_000)  # inside the window: own positions, pages ingested exactly (union), and a reading
+    assert inside.position == "own" and inside.retrieval == "union" and inside.reading is not None
+    assert qa_config(lm, 1_000).reading is None  # a short context is attended whole
+    assert qa_config(lm, 4_000, position="own").reading is None  # as is any, at own positions asked for
     assert qa_config(lm, 10_000, reading=ReadingConfig(signal="attention")).retrieval == "union"
 
 

@@ -191,7 +191,7 @@ def test_qa_cli_ingests_then_grafts(tmp_path, capsys):
     doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
     args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store",
             str(tmp_path / "s"), "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json",
-            "--quiet"]
+            "--quiet", "--read-passages", "0"]
     import json
 
     assert main(args) == 0
@@ -201,10 +201,16 @@ def test_qa_cli_ingests_then_grafts(tmp_path, capsys):
     second = json.loads(capsys.readouterr().out)
     assert second["context"].startswith("grafted") and second["artifact"] == first["artifact"]
     assert second["answer"] == first["answer"]  # same context, same greedy answer
-    # inside the model's window: own positions, attention retrieves pages (no question-time reading)
+    # inside the model's window, no reading asked for: own positions, attention retrieves pages
     assert first["position"] == "own" and first["reading"] is None
     assert first["attended"] == "retrieved" and second["shown"] == first["shown"]
     assert first["shown"] and "text" in first["shown"][0] and first["shown"][0]["times_retrieved"] > 0
+    # by default a document of this length is read inside the window too: the passage around the answer
+    assert main(args[:-2]) == 0
+    read = json.loads(capsys.readouterr().out)
+    assert read["position"] == "own" and read["attended"] == "read" and read["reading"]["passages"] == 1
+    assert read["context"].startswith("grafted") and read["artifact"] == first["artifact"]  # the same pages
+    assert "The secret colour is teal." in read["shown"][0]["text"]
 
 
 def test_ingesting_a_document_that_extends_an_earlier_one(tiny_model, tmp_path):
@@ -476,7 +482,8 @@ def test_qa_over_damaged_pages_names_the_damage_and_the_remedy(tmp_path, capsys)
     doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
     store = tmp_path / "s"
     args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store", str(store),
-            "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json", "--quiet"]
+            "--local-pages", "2", "--topk-pages", "2", "--max-new-tokens", "4", "--json", "--quiet",
+            "--read-passages", "0"]  # attention reads the stored pages (a reading computes its passage afresh)
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)
     with PageStore(store) as s:

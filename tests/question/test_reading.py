@@ -52,8 +52,7 @@ def test_reading_config_validation():
         ReadingConfig(signal="magic")
     with pytest.raises(ValueError, match="passages"):
         ReadingConfig(passages=0)
-    with pytest.raises(ValueError, match="reading"):
-        TieredConfig(reading=READ)  # own positions
+    assert TieredConfig(reading=READ).reading == READ  # own positions read too (inside the window)
     with pytest.raises(ValueError, match="reading"):
         TieredConfig(position="fixed", reading=READ, reencode_pages=2)
     assert TieredConfig(position="fixed", reading=READ).regime(32) == TieredConfig(position="fixed").regime(32)

@@ -40,7 +40,8 @@ def _config_fields(args) -> dict:
     if args.retrieval is not None:
         fields["retrieval"] = args.retrieval
     reading_flags = {k: v for k, v in (("passages", args.read_passages), ("passage_tokens", args.read_tokens),
-                                       ("signal", args.read_signal)) if v is not None}
+                                       ("signal", args.read_signal), ("candidates", args.read_candidates))
+                     if v is not None}
     if args.reencode_pages and args.read_passages:
         raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages "
                          f"{args.read_passages} would do nothing; give one or the other")
@@ -203,7 +204,7 @@ def _print(args, ans, doc, load_s: float, store_dir: str) -> None:
 def register(sub) -> None:
     from tieredkv.engine.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
     from tieredkv.question.corpus import DEFAULT_QUESTION
-    from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING
+    from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING, READ_INSIDE_FROM
 
     p = sub.add_parser("qa", help="answer a question about a long document (ingested once, grafted after)")
     model_arg(p)
@@ -222,11 +223,13 @@ def register(sub) -> None:
     p.add_argument("--topk-pages", type=positive_int,
                    help="per KV head (default: 16 under --position own, 8 under fixed)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
-                   help="auto: own positions when the context fits the model's window, else fixed distance")
+                   help="auto: own positions when the context fits the model's window, else fixed distance; own "
+                        "without a --read flag: the whole document attended at own positions (exact)")
     p.add_argument("--retrieval", choices=RETRIEVAL_MODES,
                    help="whom a KV head's top-k pages serve: every head (union) or itself (per_head: a working set "
                         "of fixed size); default per_head for a document read with the lexical signal, else union")
-    r = p.add_argument_group("question-time reading (beyond the model's window; tieredkv/question/reading.py)")
+    r = p.add_argument_group(f"question-time reading (contexts over {READ_INSIDE_FROM:,} tokens; "
+                             "tieredkv/question/reading.py)")
     r.add_argument("--read-passages", type=nonneg_int,
                    help=f"places in the document the question reads afresh (default {QA_READING.passages}; 0: no "
                         "reading, attention retrieves from the stored pages)")
@@ -234,6 +237,9 @@ def register(sub) -> None:
                    help=f"tokens read around each place (default {QA_READING.passage_tokens})")
     r.add_argument("--read-signal", choices=READING_SIGNALS,
                    help=f"how pages are ranked to find the places (default {QA_READING.signal})")
+    r.add_argument("--read-candidates", type=positive_int,
+                   help=f"places considered; more than --read-passages: the model judges which to read, by the "
+                        f"question's likelihood after each (default {QA_READING.candidates})")
     r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")

@@ -210,9 +210,9 @@ def _attended(tm) -> tuple[str, list[dict], int]:
 
 def _text(tm, first: int, end: int) -> str:
     """The document's text between two positions, from the pages' token ids."""
-    ids = [t for sp in tm.cache.spans if sp.end > first and sp.start < end
-           for t in tm.cache.page_token_ids(sp.page_id)[max(0, first - sp.start):end - sp.start]]
-    return tm.lm.codec.decode(ids)
+    from tieredkv.question.reading import span_ids
+
+    return tm.lm.codec.decode(span_ids(tm.cache, first, end))
 
 
 class _ProgressBar:

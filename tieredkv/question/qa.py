@@ -21,18 +21,23 @@ if TYPE_CHECKING:  # NOTE: at run time it imports torch and transformers, which 
     from tieredkv.artifacts.artifact import Artifact
 
 DEFAULT_MAX_NEW_TOKENS = 48
-# How a question reads a document longer than the model's window (measured: bench/longdoc_qa.py);
-# qa_config sets frame_tokens to the length of prompt_parts' frame.
+# How a question reads a document (measured: bench/longdoc_qa.py); qa_config sets frame_tokens to the
+# length of prompt_parts' frame.
 QA_READING = ReadingConfig(passages=1, passage_tokens=512, signal="lexical")
+# Inside the model's window a question reads too once the context (document, question, answer) is longer than
+# two passages: the model answers far more often from one passage read right before the question than from
+# the whole document (bench/results/longdoc_qa.window.json). Shorter contexts are attended whole, exactly.
+READ_INSIDE_FROM = 2 * QA_READING.passage_tokens
 
 
 def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     """The configuration `tieredkv qa` answers with for a context of `num_tokens` tokens (document,
-    question and answer): own positions inside the model's window (exact), the fixed-distance policy
-    with question-time reading (QA_READING) beyond it, whose document is ingested with per-head
-    retrieval. `fields` override TieredConfig's (position "auto"; pass reading=None, or
-    reencode_pages=N, for another question-time step; a reading given explicitly applies inside the
-    window too)."""
+    question and answer): question-time reading (QA_READING) once the context is longer than
+    READ_INSIDE_FROM tokens, at own positions inside the model's window, with the fixed-distance policy
+    beyond it (whose document is ingested with per-head retrieval); a shorter context is attended whole at
+    own positions (exact). `fields` override TieredConfig's (position "auto"; reading=None attends to the stored pages,
+    exact inside the window while they fit the working set; reencode_pages=N re-encodes beyond it; a
+    reading given explicitly applies at any length; position="own" without a reading: no reading)."""
     fields.setdefault("position", AUTO)
     explicit = "reading" in fields
     if not explicit and not fields.get("reencode_pages") and fields["position"] != "own":
@@ -40,7 +45,7 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     if fields.get("reading") is not None and fields["reading"].frame_tokens is None:  # QA prompts open with a frame
         fields["reading"] = dataclasses.replace(fields["reading"], frame_tokens=frame_tokens(lm))
     config = TieredConfig(**fields).resolve(lm.model, num_tokens)
-    if config.position == "own" and not explicit:
+    if config.position == "own" and not explicit and num_tokens <= READ_INSIDE_FROM:
         config = dataclasses.replace(config, reading=None)
     if config.position == "fixed" and config.reading is not None and config.reading.signal == "lexical" \
             and "retrieval" not in fields:
