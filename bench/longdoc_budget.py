@@ -80,3 +80,91 @@ def answer(runner, item, q_ids: list[int], system: str) -> tuple[list[int], dict
                  "evidence_local": any(p >= local_first for p in evidence),
                  "evidence_layers": sum(bool(set(sel) & set(evidence)) for sel in read_layers),
                  "layers": len(read_layers)}
+
+
+# ----------------------------------------------------------------------------- table and plot
+def budget_rows(rows: list[dict], length: str) -> tuple[list[dict], set[str]]:
+    """The rows of `length` for the questions every budget system answered."""
+    ids = [{r["id"] for r in rows if r["length"] == length and r["system"] == s} for s in BUDGET_SYSTEMS]
+    common = set.intersection(*[i for i in ids if i]) if any(ids) else set()
+    return [r for r in rows if r["length"] == length and r["id"] in common], common
+
+
+def share(system: str, rows: list[dict], page_size: int) -> float | None:
+    """Of the document's pages: those each KV head attends to (budget systems), all (full attention), the
+    passage read afresh (the reading); None where it does not apply."""
+    budget = [r for r in rows if r["system"] in BUDGET_SYSTEMS]
+    if system in BUDGET_SYSTEMS:
+        mine = next((r for r in budget if r["system"] == system), None)
+        return None if mine is None else mine["pages_per_head"] / mine["document_pages"]
+    if system == "full":
+        return 1.0
+    read = [r for r in rows if r["system"] == system and r.get("reading")]
+    if read and budget:
+        tokens = sum(b - a for a, b in read[0]["reading"]["passages"])
+        return tokens / (budget[0]["document_pages"] * page_size)
+    return None
+
+
+def table(rows: list[dict], length: str, page_size: int) -> str:
+    chosen, ids = budget_rows(rows, length)
+    out = [f"| system ({len(ids)} questions, {length}) | correct | share of the document attended | evidence page "
+           "in the working set (layers, mean) | decode ms/token (median) |", "|---|---:|---:|---:|---:|"]
+    for s in ("full", "tiered-attend", *BUDGET_SYSTEMS, "tiered-read", "ceiling", "bm25"):
+        mine = [r for r in chosen if r["system"] == s]
+        if not mine:
+            continue
+        frac = share(s, chosen, page_size)
+        ev = (f"{sum(r['evidence_layers'] for r in mine) / len(mine):.1f} of {mine[0]['layers']}"
+              if "evidence_layers" in mine[0] else "")
+        ms = sorted(r["decode_ms_per_token"] for r in mine)[len(mine) // 2] if "decode_ms_per_token" in mine[0] else ""
+        out.append(f"| {s} | {sum(bool(r['correct']) for r in mine)}/{len(mine)} | "
+                   f"{'' if frac is None else f'{frac:.0%}'} | {ev} | {ms} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], length: str, page_size: int, path) -> None:
+    """Accuracy against the share of the document attended, one point per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen, ids = budget_rows(rows, length)
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for s in ("full", *BUDGET_SYSTEMS, "tiered-read"):
+        mine, x = [r for r in chosen if r["system"] == s], share(s, chosen, page_size)
+        if mine and x is not None:
+            y = sum(bool(r["correct"]) for r in mine) / len(mine)
+            ax.scatter([x], [y])
+            ax.annotate(s, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("share of the document's pages attended per KV head (log)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, max(0.5, ax.get_ylim()[1]))
+    ax.set_title(f"Accuracy against working set, {len(ids)} questions, {length} windows")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description="table and plot of a longdoc_qa report's budget systems")
+    ap.add_argument("report")
+    ap.add_argument("--length", default="8k")
+    ap.add_argument("--plot", help="write the plot here (png)")
+    a = ap.parse_args(argv)
+    report = json.loads(Path(a.report).read_text())
+    rows, page_size = report["rows"], report["config"]["page_size"]
+    print(table(rows, a.length, page_size))
+    if a.plot:
+        plot(rows, a.length, page_size, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

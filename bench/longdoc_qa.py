@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 
 from bench.longdoc_budget import BUDGET_SYSTEMS
+from bench.longdoc_recheck import block as recheck_block
+from bench.longdoc_recheck import domain, print_rerun
 from bench.report import environment, sha256_ids, write_report
 from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
@@ -484,6 +486,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--work", default="bench/.longdoc", help="stores of ingested windows (kept across runs)")
     ap.add_argument("--out", default="bench/results/longdoc_qa.json")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
+    ap.add_argument("--recheck-only", action="store_true",
+                    help="run the rows and print {outputs, inputs, domain}, writing nothing (`tieredkv recheck`)")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--render", nargs="+", metavar="REPORT", help="only combine these reports: a table, and a plot "
                     "at --out with a .png suffix")
@@ -533,12 +537,13 @@ def answer_row(lm, runner: Runner, it, system: str, q_ids: list[int]) -> dict:
            "output_ids_sha256": sha256_ids(ids), "question_ids_sha256": sha256_ids(q_ids),
            "seconds": round(secs, 2), **ev}
     print(f"{w.name:9s} {it.q['id']} {system:10s} {'OK ' if row['correct'] else '-- '} {secs:6.1f}s "
-          f"{answer[:70]!r}", flush=True)
+          f"{answer[:70]!r}", file=sys.stderr, flush=True)
     return row
 
 
-def run_items(lm, runner: Runner, a: argparse.Namespace, items: list, report: dict, out: Path) -> None:
-    """Answer every (question, system) not already in the report, writing the report after each row."""
+def run_items(lm, runner: Runner, a: argparse.Namespace, items: list, report: dict, out: Path | None) -> None:
+    """Answer every (question, system) not already in the report, writing the report after each row (to
+    `out`; None: nothing written)."""
     rows = report["rows"]
     done = {(r["length"], r["id"], r["system"]) for r in rows}
     full_max = list(LENGTHS).index(a.full_max)
@@ -554,7 +559,8 @@ def run_items(lm, runner: Runner, a: argparse.Namespace, items: list, report: di
                 continue
             rows.append(answer_row(lm, runner, it, system, q_ids))
             report["summary"] = summarize(rows)
-            write_report(out, report)
+            if out is not None:
+                write_report(out, report)
 
 
 def main(argv=None) -> int:
@@ -573,11 +579,20 @@ def main(argv=None) -> int:
     if a.ingest_only:
         ingest_only(runner, items)
         return 0
+    if a.recheck_only:
+        report = new_report(lm, a, info, [])
+        run_items(lm, runner, a, items, report, None)
+        print_rerun(lm, report["rows"], info, a.page_size)
+        return 0
     out = Path(a.out)
     rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
     report = new_report(lm, a, info, rows)
     run_items(lm, runner, a, items, report, out)
     report["summary"] = summarize(rows)
+    report["domain"] = domain(lm, a.page_size)
+    recipe = recheck_block(rows, info, a.question_set)
+    if recipe is not None:
+        report["recheck"] = recipe
     write_report(out, report)
     plot(rows, lm.name, out.with_suffix(".png"))
     print(table(rows))
