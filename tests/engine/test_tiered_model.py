@@ -528,3 +528,33 @@ def test_qa_warns_when_own_positions_run_past_the_window(tmp_path, capsys, monke
     assert "warning: --position own puts" in err and "window of 256" in err
     assert main(args) == 0  # auto: fixed distances beyond the window, no warning
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_reading_answers_from_verified_tokens_over_damaged_pages(tmp_path, capsys):
+    """Inside the window a question reads its passage afresh from the document's verified token ids: bits
+    flipped in every stored page's K/V are never served, and the answer is the one the intact store gave."""
+    import json
+
+    from testkit.faults import flip_lmdb_value_bit
+    from tieredkv.cli import main
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Alpha. " * 150 + "The secret colour is teal. " + "Beta. " * 150)
+    store = tmp_path / "s"
+    args = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--question", "What colour?", "--store", str(store),
+            "--max-new-tokens", "4", "--json", "--quiet"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["attended"] == "read"
+    with PageStore(store) as s:
+        keys = list(s.lmdb_tier.keys())
+    for key in keys:
+        flip_lmdb_value_bit(store, key, 8 * 100_000)
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["token_ids"] == first["token_ids"] and again["context"].startswith("grafted")
+    before, after = first["store_stats"]["integrity"], again["store_stats"]["integrity"]
+    assert before["verified_reads"] > 0 and before["corrupt_detected"] == 0
+    # every page read this time was caught and quarantined; none passed as good
+    assert after["corrupt_detected"] > 0 and after["quarantined"] == after["corrupt_detected"]
+    assert after["verified_reads"] == 0
