@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 
+from bench.common import markdown_table
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
 from tieredkv.engine.placement import OwnPositions
@@ -50,10 +51,10 @@ def answer(runner, item, q_ids: list[int], system: str) -> tuple[list[int], dict
     lm, w, max_new = runner.lm, item.window, runner.a.max_new_tokens
     fraction, mode = BUDGET_SYSTEMS[system]
     page_size = runner.a.page_size
-    config = budget_config(math.ceil(len(w.doc_ids) / page_size), fraction, "per_head" if mode == "oracle" else mode,
-                           page_size)
-    evidence = item.answer_pages(page_size)
-    with PageStore(runner.work / w.name, StoreConfig(device_budget_bytes=working_set_bytes(lm, config))) as store:
+    num_pages = math.ceil(len(w.doc_ids) / page_size)
+    config = budget_config(num_pages, fraction, "per_head" if mode == "oracle" else mode, page_size)
+    device_bytes, evidence = working_set_bytes(lm, config), item.answer_pages(page_size)
+    with PageStore(runner.work / w.name, StoreConfig(device_budget_bytes=device_bytes)) as store:
         tm = TieredModel(lm, store, config)
         try:
             t0 = time.perf_counter()
@@ -73,8 +74,8 @@ def answer(runner, item, q_ids: list[int], system: str) -> tuple[list[int], dict
     read_layers = log[:layers]  # the question's forward: one selection per layer
     return out, {"config": {"sink_pages": 1, "local_pages": config.local_pages, "topk_pages": config.topk_pages,
                             "retrieval": config.retrieval, "chunk_pages": config.chunk_pages, "mode": mode},
-                 "pages_per_head": config.capacity_pages, "document_pages": math.ceil(len(w.doc_ids) / page_size),
-                 "device_tier_budget_bytes": working_set_bytes(lm, config), "artifact": art.artifact_id,
+                 "pages_per_head": config.capacity_pages, "document_pages": num_pages,
+                 "device_tier_budget_bytes": device_bytes, "artifact": art.artifact_id,
                  "grafted": grafted, "open_s": round(t_open, 2), "answer_s": round(t_answer, 2),
                  "decode_ms_per_token": round(1000 * t_answer / max(1, len(out)), 1), "answer_pages": evidence,
                  "evidence_local": any(p >= local_first for p in evidence),
@@ -106,21 +107,34 @@ def share(system: str, rows: list[dict], page_size: int) -> float | None:
     return None
 
 
-def table(rows: list[dict], length: str, page_size: int) -> str:
+SHOWN = ("full", "tiered-attend", *BUDGET_SYSTEMS, "tiered-read", "ceiling", "bm25")
+
+
+def summaries(rows: list[dict], length: str, page_size: int) -> tuple[set[str], list[dict]]:
+    """Per system shown, on the questions every budget system answered: correct answers, the share of the
+    document attended, the evidence page's layers in the working set and the median decode ms/token."""
     chosen, ids = budget_rows(rows, length)
-    out = [f"| system ({len(ids)} questions, {length}) | correct | share of the document attended | evidence page "
-           "in the working set (layers, mean) | decode ms/token (median) |", "|---|---:|---:|---:|---:|"]
-    for s in ("full", "tiered-attend", *BUDGET_SYSTEMS, "tiered-read", "ceiling", "bm25"):
+    out = []
+    for s in SHOWN:
         mine = [r for r in chosen if r["system"] == s]
         if not mine:
             continue
-        frac = share(s, chosen, page_size)
-        ev = (f"{sum(r['evidence_layers'] for r in mine) / len(mine):.1f} of {mine[0]['layers']}"
-              if "evidence_layers" in mine[0] else "")
-        ms = sorted(r["decode_ms_per_token"] for r in mine)[len(mine) // 2] if "decode_ms_per_token" in mine[0] else ""
-        out.append(f"| {s} | {sum(bool(r['correct']) for r in mine)}/{len(mine)} | "
-                   f"{'' if frac is None else f'{frac:.0%}'} | {ev} | {ms} |")
-    return "\n".join(out)
+        correct = sum(bool(r["correct"]) for r in mine)
+        d = {"system": s, "correct": f"{correct}/{len(mine)}", "accuracy": correct / len(mine),
+             "share": share(s, chosen, page_size)}
+        if "evidence_layers" in mine[0]:
+            d["evidence"] = f"{sum(r['evidence_layers'] for r in mine) / len(mine):.1f} of {mine[0]['layers']}"
+            d["decode_ms"] = sorted(r["decode_ms_per_token"] for r in mine)[len(mine) // 2]
+        out.append(d)
+    return ids, out
+
+
+def table(rows: list[dict], length: str, page_size: int) -> str:
+    ids, rows = summaries(rows, length, page_size)
+    return markdown_table(rows, [(f"system ({len(ids)} questions, {length})", "system", ""), ("correct", "correct", ""),
+                                 ("share of the document attended", "share", ".0%"),
+                                 ("evidence page in the working set (layers, mean)", "evidence", ""),
+                                 ("decode ms/token (median)", "decode_ms", "")])
 
 
 def plot(rows: list[dict], length: str, page_size: int, path) -> None:
@@ -130,14 +144,12 @@ def plot(rows: list[dict], length: str, page_size: int, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chosen, ids = budget_rows(rows, length)
+    ids, shown = summaries(rows, length, page_size)
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for s in ("full", *BUDGET_SYSTEMS, "tiered-read"):
-        mine, x = [r for r in chosen if r["system"] == s], share(s, chosen, page_size)
-        if mine and x is not None:
-            y = sum(bool(r["correct"]) for r in mine) / len(mine)
-            ax.scatter([x], [y])
-            ax.annotate(s, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for d in shown:
+        if d["share"] is not None and d["system"] in ("full", *BUDGET_SYSTEMS, "tiered-read"):
+            ax.scatter([d["share"]], [d["accuracy"]])
+            ax.annotate(d["system"], (d["share"], d["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("share of the document's pages attended per KV head (log)")
     ax.set_ylabel("accuracy")

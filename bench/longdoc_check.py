@@ -32,7 +32,6 @@ SETS = {  # set name: (corpus module, questions file)
     "longdoc": ("bench.longdoc_corpus", HERE / "data" / "longdoc_questions.json"),
     "news": ("bench.news_corpus", HERE / "data" / "news_questions.json"),
 }
-QUESTIONS = SETS["longdoc"][1]
 FIELDS = ("id", "question", "answers", "evidence", "source")
 WINDOW = 600
 MIN_TOKENS = {"longdoc": 131_072,  # a 128K-token window must fit entirely inside the corpus

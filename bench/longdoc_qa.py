@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 
 from bench.longdoc_budget import BUDGET_SYSTEMS
+from bench.longdoc_budget import answer as budget_answer
+from bench.longdoc_check import SETS as QUESTION_SETS
 from bench.longdoc_recheck import block as recheck_block
 from bench.longdoc_recheck import domain, print_rerun
 from bench.report import environment, sha256_ids, write_report
@@ -52,10 +54,6 @@ from tieredkv.models.loading import load_model
 from tieredkv.question.ask import QUIET
 from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_parts, qa_config
 
-HERE = Path(__file__).resolve().parent
-# question sets: (the module whose build_corpus() makes the corpus, the questions file under data/)
-QUESTION_SETS = {"longdoc": ("bench.longdoc_corpus", "longdoc_questions.json"),
-                 "news": ("bench.news_corpus", "news_questions.json")}
 # 4k and 8k fit the model's 8,192-token window with the frame, a question and its answer
 LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_072}
 SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", *BUDGET_SYSTEMS, "ceiling", "bm25",
@@ -134,9 +132,8 @@ def windows_for(lm, corpus_text: str, starts: list[int], length: str, question_s
 
 
 def prepare(lm, lengths: list[str], only: set[str] | None, question_set: str = "longdoc") -> tuple[dict, list[Item]]:
-    module, file = QUESTION_SETS[question_set]
+    module, questions_path = QUESTION_SETS[question_set]
     corpus = importlib.import_module(module).build_corpus()
-    questions_path = HERE / "data" / file
     questions = json.loads(questions_path.read_text())
     starts = token_offsets(lm, corpus.text)
     items: list[Item] = []
@@ -276,9 +273,7 @@ class Runner:
         if system in FORCED:
             return self.tiered(item, q_ids, parse_variant(FORCED[system]))
         if system in BUDGET_SYSTEMS:
-            from bench.longdoc_budget import answer
-
-            return answer(self, item, q_ids, system)
+            return budget_answer(self, item, q_ids, system)
         lm, w, max_new = self.lm, item.window, self.a.max_new_tokens
         frame = w.doc_ids[:w.prefix_len]
         if system == "ceiling":

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.common import markdown_table
 from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
 from bench.report import environment, sha256_ids, write_report
 from index import PageIndex, quest_bound
@@ -139,13 +140,11 @@ def main(argv=None) -> int:
               "environment": environment(), "input_sha256": sha256_ids(ids), "output_ids_sha256": sha256_ids(out),
               "searches": len(calls), "group_bounds": groups, "speed": rows}
     write_report(Path(a.out), report)
-    print("\n| G (pages per group) | groups opened (mean) |\n|---|---|")
-    for g, r in groups.items():
-        print(f"| {g} | {r['opened_mean']:.3f} |")
-    print("\n| pages | scan | search ms | flat scan ms | identical |\n|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['pages']:,} | {r['scan']} | {r['search_ms_median']:.3f} | {r['flat_scan_ms_median']:.3f} "
-              f"| {r['identical']} |")
+    print("\n" + markdown_table([{"g": g, **r} for g, r in groups.items()],
+                                [("G (pages per group)", "g", ""), ("groups opened (mean)", "opened_mean", ".3f")]))
+    print("\n" + markdown_table(rows, [("pages", "pages", ","), ("scan", "scan", ""),
+                                       ("search ms", "search_ms_median", ".3f"),
+                                       ("flat scan ms", "flat_scan_ms_median", ".3f"), ("identical", "identical", "")]))
     return 0
 
 

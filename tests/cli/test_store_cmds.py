@@ -1,16 +1,14 @@
 """`tieredkv ls`, `rm`, `gc` and `stats`: JSON and text out, shared pages kept, one-line errors."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from paging import PageStore
 from testkit.faults import PAGE_SIZE, store_config
+from tests.cli.helpers import run
 from tests.paging.test_documents import ENDINGS, PREFIX
 from tieredkv.artifacts.artifact import deposit, graft
-from tieredkv.cli import main
 
 
 @pytest.fixture
@@ -24,16 +22,6 @@ def store(tiny_model, tmp_path):
         arts = [deposit(lm, PREFIX + end, s, page_size=PAGE_SIZE, name=f"doc{i}") for i, end in enumerate(ENDINGS)]
     yield {"path": str(path), "arts": arts, "lm": lm}
     torch.set_num_threads(threads)
-
-
-def run(capsys, *argv) -> tuple[int, dict | None, str, str]:
-    code = main(list(argv))
-    out = capsys.readouterr()
-    try:
-        data = json.loads(out.out)
-    except ValueError:
-        data = None
-    return code, data, out.out, out.err
 
 
 def test_ls_lists_every_document(capsys, store):

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tieredkv.errors import EmptyInputError, TieredKVError, TokenIdsError
-from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, DOCUMENT_INTRO, _frame, find_artifact, qa_config
+from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, DOCUMENT_INTRO, _frame, qa_config
+from tieredkv.question.qa import open_document as graft_or_ingest
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +80,12 @@ def open_document(tm, source: str | Sequence[int], name: str = "", *, reingest: 
         doc_ids = tm.lm.codec.encode(_frame(tm.lm.codec)[0]) + tm._token_ids(source, "open")
     room = QUESTION_TOKENS + DEFAULT_MAX_NEW_TOKENS if room is None else room
     tm.configure(qa_config(tm.lm, len(doc_ids) + room, **config_fields))
-    art = None if reingest else find_artifact(tm.store, doc_ids, tm.domain(), tm.lm.fingerprint)
-    grafted = art is not None
-    if grafted:
-        tm.graft(art)
-    else:
-        bar = _ProgressBar(tm, len(doc_ids)) if progress is None else progress
-        try:
-            art = tm.ingest(doc_ids, name=name, progress=bar)
-        finally:
-            if progress is None:
-                bar.close()
+    bar = _ProgressBar(tm, len(doc_ids)) if progress is None else progress
+    try:
+        art, grafted = graft_or_ingest(tm, doc_ids, name, reingest=reingest, progress=bar)
+    finally:
+        if progress is None:
+            bar.close()
     doc = Document(name, art, tm.config, "grafted" if grafted else "ingested", time.perf_counter() - t0)
     tm.sealed_for = doc
     log.info("opened %r: %d tokens, %d pages, %s in %.2fs (position %s)", name or art.artifact_id[:16],

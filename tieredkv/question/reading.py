@@ -146,12 +146,6 @@ def places(cache, ranked: Sequence[int], query: str, count: int, width: int, cod
     return out
 
 
-def passages(cache, ranked: Sequence[int], query: str, config: ReadingConfig, codec, *,
-             first: int, end: int) -> list[tuple[int, int]]:
-    """The best `config.passages` places (`places`), merged where they overlap, in document order."""
-    return merge(places(cache, ranked, query, config.passages, config.passage_tokens, codec, first=first, end=end))
-
-
 def span_ids(cache, first: int, end: int) -> list[int]:
     """The context's token ids at own positions [first, end), from its pages."""
     return [t for sp in cache.spans if sp.end > first and sp.start < end
