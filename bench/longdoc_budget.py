@@ -6,6 +6,10 @@ working set that holds a fraction of the document's pages (sink + top-k + local)
     stream25           the sink and local pages only (StreamingLLM's working set, the same pages)
     oracle25           ws25's stored pages; the question and answer attend to the sink, local and the
                        evidence pages (forced: what a working set that holds the evidence can do)
+    ws25-lex           ws25's stored pages; the question and answer attend to the sink, local and the pages whose
+                       text best matches the question's words (BM25 over the pages' text, top-k of ws25)
+    ws25-exact         ws25's working set while answering, over pages ingested with full attention (the
+                       artifact of an exact ingest grafted into the ws25 regime: `allow_domain_mismatch`)
 
 Each budget is its own regime (the document is ingested with that working set: pages beyond it were never
 seen by later tokens), so each is ingested once per window into the window's store. Rows record the
@@ -18,6 +22,7 @@ import math
 import time
 
 from bench.common import markdown_table
+from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
 from tieredkv.engine.placement import OwnPositions
@@ -29,7 +34,8 @@ CHUNK_PAGES = 4  # prefill chunks of 512 tokens: a quarter of the retrieval roun
 
 # system -> (fraction of the document's pages in the working set, how the top-k is chosen)
 BUDGET_SYSTEMS = {"ws12": (0.125, "per_head"), "ws25": (0.25, "per_head"), "ws50": (0.5, "per_head"),
-                  "ws25-union": (0.25, "union"), "stream25": (0.25, "stream"), "oracle25": (0.25, "oracle")}
+                  "ws25-union": (0.25, "union"), "stream25": (0.25, "stream"), "oracle25": (0.25, "oracle"),
+                  "ws25-lex": (0.25, "lexical"), "ws25-exact": (0.25, "exact")}
 
 
 def budget_config(num_pages: int, fraction: float, mode: str, page_size: int) -> TieredConfig:
@@ -47,21 +53,34 @@ def budget_config(num_pages: int, fraction: float, mode: str, page_size: int) ->
 
 
 def answer(runner, item, q_ids: list[int], system: str) -> tuple[list[int], dict]:
-    """One question under a budget system; (answer ids, the row's evidence)."""
-    lm, w, max_new = runner.lm, item.window, runner.a.max_new_tokens
+    """One question of `bench/longdoc_qa.py` under a budget system; (answer ids, the row's evidence)."""
+    w, page_size = item.window, runner.a.page_size
+    return run_budget(runner.lm, w.doc_ids, q_ids, item.answer_pages(page_size), system, runner.work / w.name,
+                      page_size, runner.a.max_new_tokens)
+
+
+def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], system: str, store_dir,
+               page_size: int, max_new: int) -> tuple[list[int], dict]:
+    """The document (grafted when `store_dir` holds it under this budget, else ingested) and one question
+    under a budget system; (answer ids, the row's evidence: `evidence` are the pages that hold the answer)."""
     fraction, mode = BUDGET_SYSTEMS[system]
-    page_size = runner.a.page_size
-    num_pages = math.ceil(len(w.doc_ids) / page_size)
-    config = budget_config(num_pages, fraction, "per_head" if mode == "oracle" else mode, page_size)
-    device_bytes, evidence = working_set_bytes(lm, config), item.answer_pages(page_size)
-    with PageStore(runner.work / w.name, StoreConfig(device_budget_bytes=device_bytes)) as store:
+    num_pages = math.ceil(len(doc_ids) / page_size)
+    config = budget_config(num_pages, fraction, mode if mode in ("union", "stream") else "per_head", page_size)
+    device_bytes = working_set_bytes(lm, config)
+    t0 = time.perf_counter()
+    exact = exact_artifact(lm, doc_ids, store_dir, num_pages, page_size) if mode == "exact" else None
+    with PageStore(store_dir, StoreConfig(device_budget_bytes=device_bytes)) as store:
         tm = TieredModel(lm, store, config)
         try:
-            t0 = time.perf_counter()
-            art, grafted = open_document(tm, w.doc_ids, "longdoc-budget")
+            if exact is None:
+                art, grafted = open_document(tm, doc_ids, "longdoc-budget")
+            else:
+                art, grafted = tm.graft(exact, allow_domain_mismatch=True), True
             t_open = time.perf_counter() - t0
-            if mode == "oracle":
-                tm.cache.policy = ForcedPages(OwnPositions(), evidence, replace=True)
+            if mode in ("oracle", "lexical"):
+                k = config.topk_pages
+                forced = evidence if mode == "oracle" else lexical_pages(lm, doc_ids, q_ids, page_size, k)
+                tm.cache.policy = ForcedPages(OwnPositions(), forced, replace=True)
             tm.keep_in_memory()
             tm.cache.retrieval_log.clear()
             t1 = time.perf_counter()
@@ -77,10 +96,30 @@ def answer(runner, item, q_ids: list[int], system: str) -> tuple[list[int], dict
                  "pages_per_head": config.capacity_pages, "document_pages": num_pages,
                  "device_tier_budget_bytes": device_bytes, "artifact": art.artifact_id,
                  "grafted": grafted, "open_s": round(t_open, 2), "answer_s": round(t_answer, 2),
-                 "decode_ms_per_token": round(1000 * t_answer / max(1, len(out)), 1), "answer_pages": evidence,
+                 "decode_ms_per_token": round(1000 * t_answer / max(1, len(out)), 1), "answer_pages": list(evidence),
                  "evidence_local": any(p >= local_first for p in evidence),
                  "evidence_layers": sum(bool(set(sel) & set(evidence)) for sel in read_layers),
                  "layers": len(read_layers)}
+
+
+def lexical_pages(lm, doc_ids: list[int], q_ids: list[int], page_size: int, k: int) -> list[int]:
+    """The `k` pages whose text scores best for the question's words (BM25), best first."""
+    pages = [lm.codec.decode(doc_ids[i:i + page_size]) for i in range(0, len(doc_ids), page_size)]
+    scores = bm25_scores(pages, lm.codec.decode(q_ids))
+    return sorted(range(len(pages)), key=lambda p: (-scores[p], p))[:k]
+
+
+def exact_artifact(lm, doc_ids: list[int], store_dir, num_pages: int, page_size: int) -> str:
+    """The id of the document's artifact ingested with every page in the working set (full attention,
+    exact), made in `store_dir` or found there."""
+    config = TieredConfig(position="own", sink_pages=1, local_pages=num_pages, topk_pages=0, page_size=page_size,
+                          chunk_pages=CHUNK_PAGES)
+    with PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, config))) as store:
+        tm = TieredModel(lm, store, config)
+        try:
+            return open_document(tm, doc_ids, "longdoc-budget-exact")[0].artifact_id
+        finally:
+            tm.close()
 
 
 # ----------------------------------------------------------------------------- table and plot
