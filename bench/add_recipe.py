@@ -34,7 +34,8 @@ def benchmark_of(path: Path) -> str:
     return name
 
 
-def add_recipe(path: Path, *, threads: int = 1, force: bool = False) -> dict:
+def add_recipe(path: Path, *, threads: int = 1, force: bool = False, runner=run_subprocess) -> dict:
+    """Run the report's recipe (`runner(argv, cwd)`: a subprocess) and write its block into the report."""
     text = path.read_text()
     report = json.loads(text)
     if "recheck" in report and not force:
@@ -45,7 +46,7 @@ def add_recipe(path: Path, *, threads: int = 1, force: bool = False) -> dict:
     argv = ["python", "-m", f"bench.{name}", *args]
     print(f"# {path}: {' '.join(argv)}", file=sys.stderr)
     t0 = time.perf_counter()
-    rerun = run_subprocess(argv, repo_root(path))
+    rerun = runner(argv, repo_root(path))
     seconds = time.perf_counter() - t0
     outputs = rerun["outputs"]
     own = module.report_hashes(report)

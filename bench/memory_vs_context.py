@@ -531,8 +531,8 @@ def recipe_hashes(rows: list[dict]) -> tuple[dict[str, str], list[str], dict[str
         outputs[f"{name} output ids"] = r["output_ids_sha256"]
         if r["system"] == "tiered":
             outputs[f"{name} device bytes"] = sha256_json({k: r.get(k) for k in DEVICE_FIELDS})
-        if r.get("search_identical"):
-            same, searches = r["search_identical"].split("/")
+        same, _, searches = (r.get("search_identical") or "0/0").partition("/")
+        if searches != "0":  # the decode searched pages: every search equal to the flat scan's
             relations[f"{name} page search = flat scan"] = same == searches and r.get("search_recall") == 1.0
     return outputs, inputs, relations
 
