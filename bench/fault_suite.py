@@ -3,6 +3,7 @@
     python -m bench.fault_suite                  # full sweep (~10 min on 2 cores), JSON + docs/RELIABILITY.md
     python -m bench.fault_suite --quick          # a smoke run with small counts
     python -m bench.fault_suite --render-only    # re-render the markdown from the JSON
+    python -m bench.fault_suite --recheck-only   # the recheck recipe's steps, hashes printed (`tieredkv recheck`)
 
 The script writes bench/results/fault_suite.json and renders docs/RELIABILITY.md from it: the
 Reliability table is the suite's own output, never typed by hand. The fast versions of the same
@@ -12,6 +13,12 @@ is shared by both.
 Columns: tries (injections), ok (detected with a typed error, or survived with every invariant
 intact), lost (tries after which committed data was damaged, or corrupt bytes were served or
 imported: must be 0).
+
+The report's `tieredkv recheck` recipe re-runs RECHECK_STEPS (seeded, none bounded by time; under a
+minute) on fixtures made afresh: the fixture texts' hash must be equal on any machine, the exported
+fixture artifacts and each step's outcomes (tries, detected or survived, lost, the error counts)
+hash-equal in the same determinism domain (a store's data.mdb differs run to run: not hashed), and
+every step must detect or survive every fault, losing nothing, anywhere.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from bench.common import environment, markdown_table, write_report
+from bench.report import print_recheck, recheck_block, sha256_json
 from testkit import faults as fc
 from testkit import trust_faults as tf
 
@@ -48,7 +56,7 @@ QUICK = dict(deposit_kills=6, export_kills=4, payload_flips=50, lmdb_flips=10, d
              meta_flip_step=8, tree_flips=10)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
     p.add_argument("--out", help="JSON (default bench/results/fault_suite.json; with --quick a temp file)")
@@ -56,7 +64,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--render-only", action="store_true", help="only re-render --doc from --out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", help="comma-separated step names to run (a partial run; its JSON says so)")
-    a = p.parse_args()
+    p.add_argument("--recheck-only", action="store_true",
+                   help="run the recipe's steps (RECHECK_STEPS, or --only) and print {outputs, inputs, relations, "
+                        "domain} without writing (`tieredkv recheck`)")
+    a = p.parse_args(argv)
     scratch = Path(tempfile.gettempdir())
     a.out = a.out or str(scratch / "fault_suite.quick.json" if a.quick
                          else REPO / "bench" / "results" / "fault_suite.json")
@@ -84,12 +95,15 @@ class World:
         torch.set_num_threads(1)  # NOTE: the box is shared; one thread is much faster for tiny models
         self.root = root
         self.lm = load_model(fc.MODEL)
+        texts = [fc.corpus_text(5 * fc.PAGE_SIZE, seed=101), fc.corpus_text(8 * fc.PAGE_SIZE - 3, seed=102),
+                 fc.corpus_text(4000, seed=103)]
+        self.texts_sha256 = sha256_json(texts)  # what the fixtures are made from
         self.template = root / "template"  # a store holding one artifact that no fault may damage
-        self.base_ids = fc.make_store(self.template, [fc.corpus_text(5 * fc.PAGE_SIZE, seed=101)], self.lm)
+        self.base_ids = fc.make_store(self.template, [texts[0]], self.lm)
         self.small_store = root / "small"  # 8 pages: every header bit is flipped in its file
-        self.small_id = fc.make_store(self.small_store, [fc.corpus_text(8 * fc.PAGE_SIZE - 3, seed=102)], self.lm)[0]
+        self.small_id = fc.make_store(self.small_store, [texts[1]], self.lm)[0]
         self.big_store = root / "big"  # 125 pages (~2 MB file): the export under SIGKILL
-        self.big_id = fc.make_store(self.big_store, [fc.corpus_text(4000, seed=103)], self.lm)[0]
+        self.big_id = fc.make_store(self.big_store, [texts[2]], self.lm)[0]
         with PageStore(self.template, fc.store_config()) as s:
             export_artifact(s, self.base_ids[0], root / "base.tkva")
         with PageStore(self.small_store, fc.store_config()) as s:
@@ -869,8 +883,78 @@ def run_step(world: World, name: str, step: Callable[[random.Random], Any], seed
     return rows
 
 
-def main() -> int:
-    a = parse_args()
+# ----------------------------------------------------------------------------- the recheck recipe
+# seeded steps whose outcomes repeat run to run (none bounded by time, none timing a kill); under a minute
+RECHECK_STEPS = ("header flips", "payload flips", "lmdb flips", "truncation", "hostile headers", "identity",
+                 "store truncations", "rollbacks", "damaged keys")
+OUTCOME_KEYS = ("case", "outcome", "got", "expected", "untouched", "bounded")
+
+
+def step_of(r: dict[str, Any]) -> str:
+    return r["seed"].split(":", 1)[1]
+
+
+def outcome(r: dict[str, Any]) -> dict[str, Any]:
+    """What a row's injections came to, without paths, times or memory peaks."""
+    d = r["details"]
+    return {"fault": r["fault"], "tries": r["tries"], "ok": r["ok"], "lost": r["lost"],
+            **{k: d[k] for k in ("errors", "outcomes") if k in d},
+            **({"cases": [{k: c[k] for k in OUTCOME_KEYS if k in c} for c in d["cases"]]} if "cases" in d else {})}
+
+
+def recipe_hashes(fixtures: dict[str, str], rows: list[dict[str, Any]], texts_sha256: str | None = None
+                  ) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from the fixtures' hashes and the rows of RECHECK_STEPS, the names that hash inputs,
+    and the relations (every fault detected or survived, nothing lost)."""
+    # a store's data.mdb differs from run to run (LMDB leaves its free space as it finds it); the artifact files
+    # exported from the stores do not
+    outputs = {f"fixture {name}": sha for name, sha in fixtures.items() if not name.endswith("data.mdb")}
+    inputs = []
+    if texts_sha256 is not None:
+        outputs["fixture texts"] = texts_sha256
+        inputs.append("fixture texts")
+    relations = {}
+    for step in RECHECK_STEPS:
+        mine = [r for r in rows if step_of(r) == step]
+        if mine:
+            outputs[f"{step} outcomes"] = sha256_json([outcome(r) for r in mine])
+            relations[f"{step}: every fault detected or survived, none lost"] = all(
+                r["ok"] == r["tries"] and r["lost"] == 0 for r in mine)
+    return outputs, inputs, relations
+
+
+def recipe_args(seed: int, quick: bool, steps: list[str]) -> list[str]:
+    return ["--seed", str(seed), *(["--quick"] if quick else []), "--only", ",".join(steps), "--recheck-only"]
+
+
+def recipe_for_report(report: dict[str, Any], threads: int) -> list[str]:
+    ran = {step_of(r) for r in report["rows"]}
+    return recipe_args(report["config"]["seed"], report["config"]["quick"], [s for s in RECHECK_STEPS if s in ran])
+
+
+def report_hashes(report: dict[str, Any]) -> dict[str, str]:
+    return recipe_hashes(report.get("inputs") or {}, report["rows"])[0]
+
+
+def domain_of(world: World) -> dict[str, Any]:
+    from tieredkv.provenance.domain import determinism_domain
+
+    return determinism_domain(world.lm.model, world.lm.fingerprint, fc.PAGE_SIZE)
+
+
+def recheck_block_of(a: argparse.Namespace, world: World, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    ran = [s for s in RECHECK_STEPS if any(step_of(r) == s for r in rows)]
+    if not ran:
+        return None
+    outputs, inputs, relations = recipe_hashes(world.inputs, rows, world.texts_sha256)
+    return recheck_block("bench.fault_suite", recipe_args(a.seed, a.quick, ran), outputs, inputs=inputs,
+                         relations=relations, domain=domain_of(world))
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.recheck_only and not a.only:
+        a.only = ",".join(RECHECK_STEPS)
     if a.render_only:
         report = json.loads(Path(a.out).read_text())
         Path(a.doc).write_text(render(report))
@@ -886,10 +970,17 @@ def main() -> int:
         rows: list[dict[str, Any]] = []
         for name, step in steps:
             rows += run_step(world, name, step, a.seed)
+    if a.recheck_only:
+        outputs, inputs, relations = recipe_hashes(world.inputs, rows, world.texts_sha256)
+        print_recheck(outputs, domain_of(world), inputs, relations)
+        return 0
     report = {"environment": environment(), "duration_s": time.monotonic() - t0,
               "config": {"model": fc.MODEL, "page_size": fc.PAGE_SIZE, "quick": a.quick, "seed": a.seed,
                          "counts": counts, "only": a.only},
               "inputs": world.inputs, "rows": rows}
+    block = recheck_block_of(a, world, rows)
+    if block is not None:
+        report["recheck"] = block
     write_report(a.out, report)
     Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
     Path(a.doc).write_text(render(report))

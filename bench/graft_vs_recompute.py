@@ -20,6 +20,11 @@ bytes into a preallocated buffer, interleaved: the verified restore as a fractio
 
     python -m bench.graft_vs_recompute                                  # table; JSON to --out
     python -m bench.graft_vs_recompute --models tiny-llama=32,1024 --repeats 2
+
+The report's `tieredkv recheck` recipe re-runs the last model at its shortest prefix, every path once
+(`--models smollm2=128 --recheck-only`, seconds): the token ids' hashes must be equal on any machine,
+each path's first-token logits hash-equal in the same determinism domain, and every graft's logits
+equal to the recompute's anywhere.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 
 from bench.common import drop_file_cache, environment, markdown_table, sha256_ids, timed, write_report
+from bench.report import print_recheck, recheck_block
 from paging import PageLayout, PageStore, StoreConfig
 from paging.restore import restore_nbytes
 from testkit.redis_server import RedisServer
@@ -51,12 +57,16 @@ TIERS = ("host", "lmdb", "lmdb_cold", "redis")
 STORE = dict(host_budget_bytes=8 << 30, lmdb_map_size=8 << 30)
 
 
-def parse_args() -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=DEFAULT_MODELS, help="model=N,N,...;model=N,... (prefix lengths in tokens)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats of every path (median reported)")
     p.add_argument("--out", default=str(DEFAULT_OUT))
-    return p.parse_args()
+    p.add_argument("--threads", type=int, help="torch threads (recorded in the environment and the recipe)")
+    p.add_argument("--recheck-only", action="store_true",
+                   help="run the recipe's subset (the last model's shortest prefix, every path once) and print "
+                        "{outputs, inputs, relations, domain} without writing (`tieredkv recheck`)")
+    return p
 
 
 def parse_models(spec: str) -> list[tuple[str, list[int]]]:
@@ -194,7 +204,8 @@ def run_model(model: str, lengths: list[int], repeats: int, redis_url: str, tmp:
     restore = restore_vs_memcpy(store_dir, load_keys(store_dir, rows[-1]["artifact"]), repeats)
     add_speedups(rows)
     domain = determinism_domain(lm.model, lm.fingerprint, page_size)
-    return {"model": model, "model_fingerprint": lm.fingerprint, "page_size": page_size, "domain_id": domain_id(domain),
+    return {"model": model, "model_fingerprint": lm.fingerprint, "page_size": page_size, "domain": domain,
+            "domain_id": domain_id(domain),
             "inputs": {str(n): sha256_ids(ids_all[:n]) for n in lengths}, "prompt_token_ids_sha256": sha256_ids(prompt),
             "rows": rows, "crossover_tokens": crossover(rows), "restore": restore}
 
@@ -223,9 +234,68 @@ def crossover(rows: list[dict[str, Any]]) -> dict[str, int | None]:
     return out
 
 
+# ----------------------------------------------------------------------------- the recheck recipe
+def recipe_model(models_spec: str) -> tuple[str, int]:
+    """The recipe's model and prefix: the last model of the run, at its shortest prefix."""
+    model, lengths = parse_models(models_spec)[-1]
+    return model, lengths[0]
+
+
+def recipe_args(models_spec: str, threads: int) -> list[str]:
+    model, n = recipe_model(models_spec)
+    return ["--models", f"{model}={n}", "--threads", str(threads), "--recheck-only"]
+
+
+def recipe_hashes(corpus_sha: str, m: dict[str, Any]) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from a model's entry (its shortest prefix), the names that hash inputs, and relations."""
+    n = min(r["context_tokens"] for r in m["rows"])
+    name = f"{m['model']} {n}"
+    outputs = {"corpus": corpus_sha, f"{name} token ids": m["inputs"][str(n)],
+               f"{m['model']} prompt token ids": m["prompt_token_ids_sha256"]}
+    inputs = sorted(outputs)
+    relations = {}
+    for r in m["rows"]:
+        if r["context_tokens"] == n:
+            outputs[f"{name} {r['path']} first-token logits"] = r["first_token_logits_sha256"]
+            if r["path"] != "recompute":
+                relations[f"{name} {r['path']} logits = recompute"] = r["logits_sha256_equal_recompute"]
+    return outputs, inputs, relations
+
+
+def recipe_for_report(report: dict[str, Any], threads: int) -> list[str]:
+    return recipe_args(report["config"]["models"], threads)
+
+
+def report_hashes(report: dict[str, Any]) -> dict[str, str]:
+    model, _ = recipe_model(report["config"]["models"])
+    m = next(m for m in report["models"] if m["model"] == model)
+    return recipe_hashes(report["inputs"]["corpus_sha256"], m)[0]
+
+
+def recheck_block_of(args: argparse.Namespace, models: list[dict[str, Any]]) -> dict[str, Any]:
+    model, _ = recipe_model(args.models)
+    m = next(m for m in models if m["model"] == model)
+    outputs, inputs, relations = recipe_hashes(text_sha256(python_reference()), m)
+    return recheck_block("bench.graft_vs_recompute", recipe_args(args.models, torch.get_num_threads()), outputs,
+                         inputs=inputs, relations=relations, domain=m["domain"])
+
+
+def recheck_only(args: argparse.Namespace) -> int:
+    model, n = recipe_model(args.models)
+    with tempfile.TemporaryDirectory(prefix="bench-graft-") as tmp, RedisServer(Path(tmp) / "redis") as server:
+        m = run_model(model, [n], 1, server.url, Path(tmp))
+    outputs, inputs, relations = recipe_hashes(text_sha256(python_reference()), m)
+    print_recheck(outputs, m["domain"], inputs, relations)
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.recheck_only:
+        return recheck_only(args)
     env, started, load_before = environment(), time.perf_counter(), os.getloadavg()
     models = []
     with tempfile.TemporaryDirectory(prefix="bench-graft-") as tmp, RedisServer(Path(tmp) / "redis") as server:
@@ -241,7 +311,8 @@ def main() -> None:
               "all_logits_sha256_equal_recompute": all(r["logits_sha256_equal_recompute"]
                                                        for m in models for r in m["rows"]),
               "seconds": round(time.perf_counter() - started, 1),
-              "load_average_1_5_15": {"start": load_before, "end": os.getloadavg()}}
+              "load_average_1_5_15": {"start": load_before, "end": os.getloadavg()},
+              "recheck": recheck_block_of(args, models)}
     write_report(args.out, report)
     print(f"# {env['cpu']}, {env['cores']} cores, torch threads {env['torch_threads']}; median of {args.repeats}")
     for m in models:
@@ -252,7 +323,8 @@ def main() -> None:
         print(f"restore from LMDB, verified: {m['restore']['restore_gb_per_s']:.2f} GB/s = "
               f"{m['restore']['restore_vs_memcpy']:.2f} of memcpy ({m['restore']['memcpy_gb_per_s']:.2f} GB/s)")
     print(f"# {report['seconds']:.0f} s; JSON: {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

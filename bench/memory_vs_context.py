@@ -25,6 +25,11 @@ is exact: recall 1.0 and identical selections, checked, not assumed).
     python -m bench.memory_vs_context --model tiny-llama --contexts 8192,131072,1048576 --no-plain --decode-pair 8192
     python -m bench.memory_vs_context --model smollm2 --contexts 4096,8192,...,131072 --chunk-pages 4 \
         --ref-contexts 4096,8192 --no-plain
+
+The report's `tieredkv recheck` recipe (`--recheck-only`) re-runs the smallest context alone, with the
+run's configuration and without the timing references (--ref-contexts, --pair-context, --decode-pair):
+the token ids' hash must be equal on any machine, the decoded ids and the device bytes hash-equal in
+the same determinism domain, and the page search must equal the flat scan anywhere.
 """
 from __future__ import annotations
 
@@ -41,13 +46,14 @@ import psutil
 import torch
 
 from bench.common import add_retrieval_args, retrieval_kwargs
-from bench.report import environment, sha256_ids, write_report
+from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
 from bench.search_probe import SearchProbe
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import determinism_domain
 from tieredkv.question.corpus import python_reference
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -397,7 +403,7 @@ def plot_search(ax, rs: list[dict]) -> None:
     ax.set_title(f"page search (recall of the flat top-k: min {min(recalls):.3f})" if recalls else "page search")
 
 
-def parse_args(argv):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--contexts", default=DEFAULT_CONTEXTS)
@@ -426,6 +432,14 @@ def parse_args(argv):
     ap.add_argument("--decode-pair", type=int, default=0,
                     help="a second context of this many tokens (e.g. 8192) whose decode steps alternate with every "
                          "checkpoint's: decode at both lengths in one time window (decode_vs_pair)")
+    ap.add_argument("--recheck-only", action="store_true",
+                    help="the smallest context alone, without the timing references: print {outputs, inputs, "
+                         "relations, domain} without writing (`tieredkv recheck`)")
+    return ap
+
+
+def parse_args(argv):
+    ap = parser()
     a = ap.parse_args(argv)
     retrieval = retrieval_kwargs(ap, a)
     if a.rate_window < 0 or a.pair_context < 0 or (a.pair_context and not a.rate_window):
@@ -492,10 +506,52 @@ def print_table(rows: list[dict], checks: dict) -> None:
     print(f"\nchecks: {checks}")
 
 
+# ----------------------------------------------------------------------------- the recheck recipe
+TIMING_ONLY = ("ref_contexts", "pair_context", "decode_pair", "plain_budget_s")  # the recipe runs without them
+DEVICE_FIELDS = ("device_bytes", "device_tier_bytes", "working_set_buffer_bytes", "pages")
+
+
+def recipe_args(values: dict, threads: int) -> list[str]:
+    """`--recheck-only` with a run's arguments (its report's config.args): the smallest context alone."""
+    smallest = min(int(x) for x in str(values["contexts"]).split(","))
+    return recipe_argv(parser(), values, drop=("out", "json", "store", *TIMING_ONLY),
+                       contexts=str(smallest), threads=threads, recheck_only=True)
+
+
+def recipe_hashes(rows: list[dict]) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from the rows at the smallest context, the names that hash inputs, and relations."""
+    n = min(r["context_tokens"] for r in rows if "context_tokens" in r)
+    outputs, inputs, relations = {}, [], {}
+    for r in rows:
+        if r.get("context_tokens") != n:
+            continue
+        name = f"{r['system']} {n}"
+        outputs[f"{name} token ids"] = r["input_sha256"]
+        inputs.append(f"{name} token ids")
+        outputs[f"{name} output ids"] = r["output_ids_sha256"]
+        if r["system"] == "tiered":
+            outputs[f"{name} device bytes"] = sha256_json({k: r.get(k) for k in DEVICE_FIELDS})
+        same, _, searches = (r.get("search_identical") or "0/0").partition("/")
+        if searches != "0":  # the decode searched pages: every search equal to the flat scan's
+            relations[f"{name} page search = flat scan"] = same == searches and r.get("search_recall") == 1.0
+    return outputs, inputs, relations
+
+
+def recipe_for_report(report: dict, threads: int) -> list[str]:
+    return recipe_args(report["config"]["args"], threads)
+
+
+def report_hashes(report: dict) -> dict[str, str]:
+    return recipe_hashes(report["rows"])[0]
+
+
 def main(argv=None) -> int:
     a, retrieval = parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.recheck_only:
+        a.contexts = str(min(int(x) for x in a.contexts.split(",")))
+        a.ref_contexts, a.pair_context, a.decode_pair = "", 0, 0
     out = Path(a.out or f"bench/results/memory_vs_context.{a.model}.json")
     lm = load_model(a.model)
     lm.model.to(a.device)
@@ -504,6 +560,11 @@ def main(argv=None) -> int:
     log = lambda r: print({k: v for k, v in r.items() if "sha" not in k}, file=sys.stderr, flush=True)  # noqa
     load_start, started = os.getloadavg(), time.perf_counter()
     rows = measure(lm, a, cfg, contexts, log)
+    domain = determinism_domain(lm.model, lm.fingerprint, a.page_size)
+    outputs, inputs, relations = recipe_hashes(rows)
+    if a.recheck_only:
+        print_recheck(outputs, domain, inputs, relations)
+        return 0
     tiered = [r for r in rows if r.get("system") == "tiered"]
     checks = {
         "device_bytes_largest_over_smallest": tiered[-1]["device_bytes"] / tiered[0]["device_bytes"],
@@ -513,7 +574,9 @@ def main(argv=None) -> int:
     report = {"bench": "memory_vs_context", "model": lm.name, "model_fingerprint": lm.fingerprint,
               "config": {"tiered": cfg.regime(a.page_size), "args": vars(a)}, "environment": environment(),
               "load_average_1_5_15": {"start": load_start, "end": os.getloadavg()},
-              "seconds": round(time.perf_counter() - started, 1), "rows": rows, "checks": checks}
+              "seconds": round(time.perf_counter() - started, 1), "rows": rows, "checks": checks,
+              "recheck": recheck_block("bench.memory_vs_context", recipe_args(vars(a), torch.get_num_threads()),
+                                       outputs, inputs=inputs, relations=relations, domain=domain)}
     png = out.with_suffix(".png")
     plot(rows, png, lm.name)
     report["plot"] = str(png)

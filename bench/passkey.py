@@ -22,7 +22,7 @@ import torch
 
 from bench.common import add_retrieval_args, retrieval_kwargs
 from bench.longctx_tasks import HAYSTACKS, TASKS
-from bench.report import environment, recheck_block, write_report
+from bench.report import environment, recheck_block, recipe_argv, write_report
 from index import PageIndex
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
@@ -110,11 +110,13 @@ def _write(a, lm, cfg_kw, rows) -> list[dict]:
         summary.setdefault(k, []).append(r["correct"])
     table = [{"task": t, "system": s, "context_tokens": c, "accuracy": sum(v) / len(v), "samples": len(v)}
              for (t, s, c), v in sorted(summary.items())]
-    outputs, inputs = hashed(rows)
+    chosen = recipe_rows(rows)
+    outputs, inputs = hashed(chosen)
     report = {"bench": "passkey", "model": lm.name, "model_fingerprint": lm.fingerprint,
               "config": {**cfg_kw, "sink_pages": 1, "page_size": lm.default_page_size, "args": vars(a)},
               "environment": environment(), "domain": domain(lm), "rows": rows, "accuracy": table,
-              "recheck": recheck_block("bench.passkey", recipe_args(a.argv), outputs, inputs=inputs)}
+              "recheck": recheck_block("bench.passkey", recipe_args(vars(a), chosen, torch.get_num_threads()),
+                                       outputs, inputs=inputs)}
     write_report(a.out, report)
     return table
 
@@ -134,18 +136,35 @@ def hashed(rows: list[dict]) -> tuple[dict[str, str], list[str]]:
     return outputs, inputs
 
 
-def recipe_args(argv: list[str]) -> list[str]:
-    """This run's arguments as `--recheck-only` re-runs them: the same samples, nothing written."""
-    args, skip = [], False
-    for arg in argv:
-        if skip or arg in ("--json", "--recheck-only"):
-            skip = False
-            continue
-        if arg == "--out":
-            skip = True
-        elif not arg.startswith("--out="):
-            args.append(arg)
-    return [*args, "--recheck-only"]
+# the recipe re-runs the plain model only up to this context: beyond it its quadratic prefill takes minutes
+RECHECK_PLAIN_MAX = 8192
+
+
+def recipe_rows(rows: list[dict]) -> list[dict]:
+    """The rows `tieredkv recheck` re-runs: the first sample (task, context, depth, seed) with every system the
+    run answered it with; beyond RECHECK_PLAIN_MAX tokens the plain model only where no other system ran."""
+    if not rows:
+        return []
+    key = lambda r: (r["task"], r["target_tokens"], r["depth"], r["seed"])  # noqa: E731
+    first = [r for r in rows if key(r) == key(rows[0])]
+    tiered = [r for r in first if r["system"] != "plain"]
+    return tiered if tiered and first[0]["target_tokens"] > RECHECK_PLAIN_MAX else first
+
+
+def recipe_args(values: dict, chosen: list[dict], threads: int) -> list[str]:
+    """`--recheck-only` with a run's arguments (vars(), or its report's config.args) narrowed to the chosen rows."""
+    r = chosen[0]
+    return recipe_argv(parser(), values, drop=("out", "json"), tasks=r["task"], contexts=str(r["target_tokens"]),
+                       depths=str(r["depth"]), seeds=1, first_seed=r["seed"],
+                       systems=",".join(c["system"] for c in chosen), threads=threads, recheck_only=True)
+
+
+def recipe_for_report(report: dict, threads: int) -> list[str]:
+    return recipe_args(report["config"]["args"], recipe_rows(report["rows"]), threads)
+
+
+def report_hashes(report: dict) -> dict[str, str]:
+    return hashed(recipe_rows(report["rows"]))[0]
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,6 +13,11 @@
 
 Without --url a redis-server (or valkey-server) is started on a free loopback port in a temp
 dir and stopped afterwards.
+
+The report's `tieredkv recheck` recipe (`--recheck-only`, about a minute) moves the same pages once,
+untimed, and grafts the last model's prefix from every source: the token ids' hash must be equal on
+any machine, the pages' and the logits' hashes in the same determinism domain, and anywhere the pages
+must come back unchanged and every graft's continuation logits equal the recompute's.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 import redis
 import torch
 
+from bench.report import print_recheck, recheck_block
 from paging import ROOT_KEY, Page, PageLayout, PageStore, RemoteTier, StoreConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +45,7 @@ GEOMETRIES = {"tiny-llama": (2, 2, 16, 32), "smollm2": (30, 3, 64, 128)}
 FP = "5e" * 32
 
 
-def parse_args() -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="an existing server (default: start one locally)")
     p.add_argument("--transfer-mib", type=int, default=64, help="MiB moved per geometry and op")
@@ -51,7 +57,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32, help="pages per pipeline")
     p.add_argument("--json", action="store_true", help="JSON on stdout, table on stderr")
     p.add_argument("--out", help="also write the JSON here")
-    return p.parse_args()
+    p.add_argument("--threads", type=int, help="torch threads (recorded in the hardware and the recipe)")
+    p.add_argument("--recheck-only", action="store_true",
+                   help="the pages moved once and the last model's grafts, untimed: print {outputs, inputs, "
+                        "relations, domain} without writing (`tieredkv recheck`)")
+    return p
 
 
 def sha256_bytes(chunks) -> str:
@@ -159,7 +169,8 @@ def _split_bytes(batch: list[int], wire: list[bytes], cap: int = 64 << 20):
 
 
 # -- 2. graft -------------------------------------------------------------------------
-def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
+def graft_rows(url: str, args: argparse.Namespace, tmp: Path, domains: dict | None = None) -> list[dict]:
+    """The graft rows of every model in args.models; `domains` (if given) gets each model's determinism domain."""
     from transformers import DynamicCache
 
     from tieredkv.artifacts.artifact import deposit, graft, prefill
@@ -183,10 +194,12 @@ def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
                     on_chunk=lambda s, e, out: logits.append(out.logits[0]))
             return sha256_tensor(torch.cat(logits))
 
+        domain = determinism_domain(lm.model, lm.fingerprint, ps)
+        if domains is not None:
+            domains[model] = domain
         base = {"model": model, "model_fingerprint": lm.fingerprint, "tokens": n,
                 "page_size": ps, "input_sha256": sha256_ids(prefix + cont),
-                "corpus_sha256": text_sha256(python_reference()),
-                "domain_id": domain_id(determinism_domain(lm.model, lm.fingerprint, ps))}
+                "corpus_sha256": text_sha256(python_reference()), "domain_id": domain_id(domain)}
         redis.Redis.from_url(url).flushall()
         cfg = dict(host_budget_bytes=4 << 30, lmdb_map_size=4 << 30)
         t = time.perf_counter()
@@ -231,6 +244,70 @@ def graft_rows(url: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
     return rows
 
 
+# -- the recheck recipe -----------------------------------------------------------------
+def transfer_hashes(url: str, args: argparse.Namespace) -> list[dict]:
+    """The pages of every geometry put and fetched once, untimed: the hashes of transfer_rows' "put" and
+    "get (verified)" rows."""
+    rows = []
+    for name, geometry in GEOMETRIES.items():
+        page_nbytes = PageLayout(*geometry[:3], "float32", geometry[3]).payload_nbytes(geometry[3])
+        pages = make_pages(geometry, max(4, (args.transfer_mib << 20) // page_nbytes))
+        tier = RemoteTier(f"{url}?batch={args.batch}", fingerprints=[FP])
+        tier.put_many(pages)
+        fetched = tier.get_many(p.key for p in pages)
+        tier.close()
+        redis.Redis.from_url(url).flushall()
+        rows += [{"geometry": name, "op": "put", "input_sha256": sha256_bytes(p.to_bytes() for p in pages)},
+                 {"geometry": name, "op": "get (verified)",
+                  "output_sha256": sha256_bytes(p.to_bytes() for p in fetched)}]
+    return rows
+
+
+def recipe_model(models: str) -> str:
+    return [m for m in models.split(",") if m][-1]
+
+
+def recipe_hashes(transfer: list[dict], graft: list[dict], model: str
+                  ) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from the transfer rows and `model`'s graft rows, the names that hash inputs, and
+    the relations (pages back unchanged, every graft's logits equal to the recompute's)."""
+    outputs, relations = {}, {}
+    for r in transfer:
+        if r["op"] == "put":
+            outputs[f"transfer {r['geometry']} pages"] = r["input_sha256"]
+        elif r["op"] == "get (verified)":
+            outputs[f"transfer {r['geometry']} fetched"] = r["output_sha256"]
+            relations[f"transfer {r['geometry']}: fetched = put"] = (
+                r["output_sha256"] == outputs.get(f"transfer {r['geometry']} pages"))
+    rows = [r for r in graft if r["model"] == model]
+    name = f"{model} {rows[0]['tokens']}"
+    inputs = {"corpus": rows[0]["corpus_sha256"], f"{name} token ids": rows[0]["input_sha256"]}
+    ref = next(r["continuation_logits_sha256"] for r in rows if r["source"].startswith("recompute"))
+    for r in rows:
+        if r["continuation_logits_sha256"]:
+            outputs[f"{name} {r['source']} continuation logits"] = r["continuation_logits_sha256"]
+            if not r["source"].startswith("recompute"):
+                relations[f"{name} {r['source']} = recompute"] = r["continuation_logits_sha256"] == ref
+    return {**inputs, **outputs}, sorted(inputs), relations
+
+
+def recipe_args(config: dict, threads: int) -> list[str]:
+    """`--recheck-only` with the run's pages and the last model's prefix."""
+    model = recipe_model(config["models"])
+    tokens = dict(kv.split("=") for kv in config["tokens"].split(","))
+    return ["--models", model, "--tokens", f"{model}={tokens.get(model, 2048)}", "--transfer-mib",
+            str(config["transfer_mib"]), "--batch", str(config["batch"]), "--continuation", str(config["continuation"]),
+            "--threads", str(threads), "--recheck-only"]
+
+
+def recipe_for_report(report: dict, threads: int) -> list[str]:
+    return recipe_args(report["config"], threads)
+
+
+def report_hashes(report: dict) -> dict[str, str]:
+    return recipe_hashes(report["transfer"], report["graft"], recipe_model(report["config"]["models"]))[0]
+
+
 # -- report ---------------------------------------------------------------------------
 def hardware() -> dict:
     from bench.report import environment
@@ -255,10 +332,13 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     hw = hardware()
+    domains: dict = {}
     with tempfile.TemporaryDirectory(prefix="tieredkv-bench-remote-") as tmp:
         server = None
         if args.url is None:
@@ -273,8 +353,12 @@ def main() -> None:
             server_info = {**tier.server_info(), "rtt_ms": round(1e3 * min(
                 tier.ping() for _ in range(20)), 3), "started_here": server is not None}
             tier.close()
-            transfer = transfer_rows(url, args)
-            graft = graft_rows(url, args, Path(tmp))
+            if args.recheck_only:
+                args.models = recipe_model(args.models)
+                transfer = transfer_hashes(url, args)
+            else:
+                transfer = transfer_rows(url, args)
+            graft = graft_rows(url, args, Path(tmp), domains)
         finally:
             if server is not None:
                 server.stop()
@@ -282,10 +366,17 @@ def main() -> None:
         shas = {r["continuation_logits_sha256"] for r in graft
                 if r["model"] == model and r["continuation_logits_sha256"]}
         assert len(shas) == 1, f"{model}: graft and recompute logits differ: {shas}"
-    config = {k: v for k, v in vars(args).items() if k not in ("json", "out", "url")}
+    model = recipe_model(args.models)
+    outputs, inputs, relations = recipe_hashes(transfer, graft, model)
+    if args.recheck_only:
+        print_recheck(outputs, domains[model], inputs, relations)
+        return 0
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "out", "url", "recheck_only")}
     report = {"hardware": hw, "server": server_info, "config": config,
               "transfer": transfer, "graft": graft,
-              "seconds": round(time.perf_counter() - start, 1)}
+              "seconds": round(time.perf_counter() - start, 1),
+              "recheck": recheck_block("bench.remote_tier", recipe_args(config, torch.get_num_threads()), outputs,
+                                       inputs=inputs, relations=relations, domain=domains[model])}
     table = markdown(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +387,8 @@ def main() -> None:
         print()
     else:
         print(table)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

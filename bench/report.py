@@ -1,12 +1,14 @@
 """What every benchmark report carries: environment, hashes, and an atomic JSON write."""
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
 import platform
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import psutil
 import torch
@@ -54,3 +56,37 @@ def recheck_block(module: str, args: list[str], outputs: dict[str, str], **extra
     """The recipe `tieredkv recheck` replays (tieredkv/provenance/recheck.py): `python -m <module> <args>` must
     print one JSON object with these `outputs` names and its own `domain`; `extra` adds `inputs`/`relations`."""
     return {"argv": ["python", "-m", module, *args], "outputs": outputs, **extra}
+
+
+def sha256_json(value: Any) -> str:
+    """SHA-256 of `value` as sorted, compact JSON: a hash of counts and outcomes for a recheck block."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def recipe_argv(parser: argparse.ArgumentParser, values: dict[str, Any], *, drop: Iterable[str] = (),
+                **overrides: Any) -> list[str]:
+    """The command-line options that give `values` (a run's vars(), as its report records them) under `parser`:
+    every option whose value differs from its default, `overrides` first, the dests in `drop` left out (where a
+    run writes, what it prints). An older report lacks the options added since: they take their defaults."""
+    values, drop = {**values, **overrides}, set(drop)
+    argv = []
+    for action in parser._actions:
+        dest = action.dest
+        if not action.option_strings or dest == "help" or dest in drop or dest not in values:
+            continue
+        value = values[dest]
+        if value is None or value == action.default:
+            continue
+        flag = max(action.option_strings, key=len)
+        if isinstance(action, argparse._StoreTrueAction):
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def print_recheck(outputs: dict[str, str], domain: dict[str, Any], inputs: Iterable[str] = (),
+                  relations: dict[str, bool] | None = None) -> None:
+    """What a `--recheck-only` run prints for `tieredkv recheck`: one JSON object on stdout."""
+    print(json.dumps({"outputs": outputs, "domain": domain, "inputs": sorted(inputs), "relations": relations or {}},
+                     sort_keys=True))

@@ -38,6 +38,11 @@ every measurement once, in the same order, so a busy neighbour slows ceilings an
 
     python -m bench.restore_ceiling --json                # smollm2, 4,096 tokens
     python -m bench.restore_ceiling --tokens 2048 --repeats 3 --skip-deposit
+
+The report's `tieredkv recheck` recipe (`--recheck-only`) re-runs what the hashes cover, nothing timed:
+the recompute reference, one deposit and each graft once. The token ids' hashes must be equal on any
+machine, the logits and the artifact's root hash-equal in the same determinism domain, and every graft's
+logits equal to the recompute's anywhere.
 """
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ import numpy as np
 import torch
 
 from bench.common import environment, markdown_table, sha256_ids, timed, write_report
+from bench.report import print_recheck, recheck_block
 from paging import PageLayout, PageStore, StoreConfig
 from paging.restore import restore_nbytes, restore_pages, verify_stored
 from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill
@@ -75,7 +81,7 @@ PROMPT = "\n\nQuestion: which statement does the text above describe first?\nAns
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "restore_ceiling.json"
 
 
-def parse_args() -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=4096, help="context length N")
@@ -86,7 +92,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="the model's device: grafts install the restored K/V there")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--json", action="store_true", help="also print the JSON report on stdout")
-    return p.parse_args()
+    p.add_argument("--threads", type=int, help="torch threads (recorded in the environment and the recipe)")
+    p.add_argument("--recheck-only", action="store_true",
+                   help="the recompute reference, one deposit and each graft once, nothing timed: print {outputs, "
+                        "inputs, relations, domain} without writing (`tieredkv recheck`)")
+    return p
 
 
 # ----------------------------------------------------------------------------- ceilings
@@ -515,9 +525,56 @@ def print_table(args: argparse.Namespace, env: dict, load_start: tuple[float, fl
     print(f"# {elapsed:.0f} s; JSON: {args.out}", file=out)
 
 
+# ----------------------------------------------------------------------------- the recheck recipe
+def recipe_args(model: str, tokens: int, device: str, threads: int) -> list[str]:
+    return ["--model", model, "--tokens", str(tokens), *(["--device", device] if device != "cpu" else []),
+            "--threads", str(threads), "--recheck-only"]
+
+
+def recipe_hashes(inputs: dict[str, str], outputs: dict[str, str]) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from a report's `inputs` and `outputs`, the names that hash inputs, and relations."""
+    given = {"corpus": inputs["corpus_sha256"], "token ids": inputs["token_ids_sha256"],
+             "prompt token ids": inputs["prompt_token_ids_sha256"]}
+    ref = outputs["recompute first-token logits"]
+    relations = {f"{name} = recompute": sha == ref for name, sha in outputs.items() if name.startswith("graft")}
+    return {**given, "artifact root": inputs["root_sha256"], **outputs}, sorted(given), relations
+
+
+def recipe_for_report(report: dict[str, Any], threads: int) -> list[str]:
+    config = report["config"]
+    return recipe_args(config["model"], config["tokens"], config.get("device", "cpu"), threads)
+
+
+def report_hashes(report: dict[str, Any]) -> dict[str, str]:
+    return recipe_hashes(report["inputs"], report["outputs"])[0]
+
+
+def recheck_only(args: argparse.Namespace) -> int:
+    plan = build_plan(args)
+    outputs = {"recompute first-token logits": recompute_reference(plan)}
+    with tempfile.TemporaryDirectory(prefix="bench-restore-") as tmp:
+        store_dir = f"{tmp}/store"
+        with PageStore(store_dir, StoreConfig(lmdb_map_size=4 << 30)) as store:
+            art = deposit(plan.lm, plan.ids, store, page_size=plan.page_size)
+        layout = PageLayout.from_dict(art.layout)
+        buffer = torch.zeros(restore_nbytes(art.num_tokens, layout), dtype=torch.uint8)
+        time_grafts(collections.defaultdict(list), plan, art, store_dir, buffer, outputs,
+                    outputs["recompute first-token logits"])
+    inputs = {"corpus_sha256": text_sha256(python_reference()), "token_ids_sha256": sha256_ids(plan.ids),
+              "prompt_token_ids_sha256": sha256_ids(plan.prompt), "root_sha256": art.root_sha256}
+    domain = determinism_domain(plan.lm.model, plan.lm.fingerprint, plan.page_size)
+    block_outputs, block_inputs, relations = recipe_hashes(inputs, outputs)
+    print_recheck(block_outputs, domain, block_inputs, relations)
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.recheck_only:
+        return recheck_only(args)
     env = environment()
     load_start = os.getloadavg()
     started = time.perf_counter()
@@ -534,9 +591,14 @@ def main() -> None:
     for r in rows:
         r["meets_target"] = None if r.get("target") is None else r["ratio"] >= r["target"]
     report = build_report(args, env, plan, art, kv_bytes, outputs, rows, elapsed, load_start)
+    block_outputs, block_inputs, relations = recipe_hashes(report["inputs"], outputs)
+    report["recheck"] = recheck_block(
+        "bench.restore_ceiling", recipe_args(args.model, args.tokens, args.device, torch.get_num_threads()),
+        block_outputs, inputs=block_inputs, relations=relations)
     write_report(args.out, report, print_json=args.json)
     print_table(args, env, load_start, kv_bytes, rows, elapsed)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Benchmark reports carry a `tieredkv recheck` recipe that replays.
+
+memory_vs_context on tiny-llama: the report is made by one process and its recipe re-run by another, as a
+reader would; a tampered output, input or relation fails the recheck; a recipe added to a report made
+without one (bench.add_recipe) says so and reproduces the report's own hashes. The committed reports that
+back a number each carry a recipe.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import memory_vs_context
+from bench.add_recipe import add_recipe
+from bench.report import recipe_argv
+from tieredkv.provenance.recheck import load_report, plan_for, recheck, run_subprocess
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+# 6,144 tokens (48 pages): more than the working set holds (33 pages), so decode searches the page index
+ARGS = ["--model", "tiny-llama", "--contexts", "8192,6144", "--decode-tokens", "3", "--no-plain", "--threads", "1",
+        "--ref-contexts", "6144"]
+AMD = "AuthenticAMD AMD EPYC 7B13 64-Core Processor"
+COMMITTED = ["passkey.json", "passkey.prose.json", "graft_vs_recompute.json", "restore_ceiling.json",
+             "fault_suite.json", "remote_tier.json", "memory_vs_context.tiny-llama.json",
+             "memory_vs_context.tiny-llama.2854766.json", "memory_vs_context.smollm2.131k-fixed.pair.json",
+             "memory_vs_context.smollm2.131k-fixed.per-head.pair.json", "memory_vs_context.smollm2.131k-own.pair.json",
+             "memory_vs_context.smollm2.131k-own.per-head.pair.json", "library_demo.json"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """(report path, report, `tieredkv recheck`'s result on it, what the recipe printed in its own process)."""
+    out = tmp_path_factory.mktemp("mvc") / "memory_vs_context.tiny.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.memory_vs_context", *ARGS, "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = []
+
+    def run(argv, cwd):  # the recipe in a process of its own, as `tieredkv recheck` runs it (from this repository:
+        printed.append(run_subprocess(argv, REPO))  # the report's directory is not in one)
+        return printed[-1]
+
+    result = recheck(out, runner=run)
+    return out, json.loads(out.read_text()), result, printed[0]
+
+
+def _write(tmp_path, report, name="report.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(report))
+    return path
+
+
+def _rerun_of(printed):
+    return lambda argv, cwd: copy.deepcopy(printed)  # the process's output, as the first test got it
+
+
+def test_a_full_run_writes_a_recipe_that_replays_in_another_process(made):
+    _, report, result, _ = made
+    block = report["recheck"]
+    # the smallest context alone, without the timing reference, on the run's thread count
+    assert block["argv"][:3] == ["python", "-m", "bench.memory_vs_context"]
+    assert block["argv"][block["argv"].index("--contexts") + 1] == "6144" and "--ref-contexts" not in block["argv"]
+    assert block["argv"][block["argv"].index("--threads") + 1] == "1" and block["argv"][-1] == "--recheck-only"
+    row = next(r for r in report["rows"] if r["context_tokens"] == 6144)
+    assert block["outputs"]["tiered 6144 output ids"] == row["output_ids_sha256"]
+    assert block["outputs"]["tiered 6144 token ids"] == row["input_sha256"]
+    assert block["inputs"] == ["tiered 6144 token ids"]
+    assert block["relations"] == {"tiered 6144 page search = flat scan": True}
+    assert result.ok and result.mode == "hash", result.to_dict()
+    assert result.count("hash") == (3, 3) and result.count("relation") == (1, 1)
+
+
+@pytest.mark.parametrize("name", ["tiered 6144 output ids", "tiered 6144 device bytes", "tiered 6144 token ids"])
+def test_a_tampered_hash_fails(made, tmp_path, name):
+    _, report, _, printed = made
+    assert recheck(_write(tmp_path, report), runner=_rerun_of(printed)).ok
+    tampered = copy.deepcopy(report)
+    tampered["recheck"]["outputs"][name] = "0" * 64
+    result = recheck(_write(tmp_path, tampered), runner=_rerun_of(printed))
+    assert not result.ok and [i["name"] for i in result.items if i["ok"] is False] == [name]
+
+
+def test_on_another_machine_inputs_and_relations_still_decide(made, tmp_path):
+    _, report, _, printed = made
+    moved = copy.deepcopy(report)
+    moved["recheck"]["domain"] = dict(moved["recheck"]["domain"], cpu=AMD)
+    moved["recheck"]["outputs"]["tiered 6144 output ids"] = "1" * 64  # another machine's floats: not evidence
+    result = recheck(_write(tmp_path, moved), runner=_rerun_of(printed))
+    assert result.ok and result.mode == "relation"
+    assert {i["name"]: i["check"] for i in result.items}["tiered 6144 output ids"] == "domain-specific"
+    moved["recheck"]["outputs"]["tiered 6144 token ids"] = "2" * 64  # an input must be equal anywhere
+    assert not recheck(_write(tmp_path, moved), runner=_rerun_of(printed)).ok
+    broken = copy.deepcopy(printed)
+    broken["relations"]["tiered 6144 page search = flat scan"] = False
+    assert not recheck(_write(tmp_path, report), runner=_rerun_of(broken)).ok
+
+
+def test_a_recipe_added_later_says_so_and_names_the_rows_it_reproduced(made, tmp_path):
+    _, report, _, printed = made
+    older = {k: v for k, v in report.items() if k != "recheck"}
+    older["rows"] = copy.deepcopy(older["rows"])
+    path = _write(tmp_path, older, "memory_vs_context.older.json")
+    block = add_recipe(path, runner=_rerun_of(printed))
+    assert "the report's other rows predate it" in block["recipe_added"]
+    assert block["report_hashes_reproduced"] == sorted(printed["outputs"]) and block["report_hashes_differ"] == []
+    assert json.loads(path.read_text())["recheck"] == block
+    assert recheck(path, runner=_rerun_of(printed)).ok
+    with pytest.raises(SystemExit, match="already carries"):
+        add_recipe(path, runner=_rerun_of(printed))
+    next(r for r in older["rows"] if r["context_tokens"] == 6144)["output_ids_sha256"] = "3" * 64
+    path = _write(tmp_path, older, "memory_vs_context.other.json")
+    assert add_recipe(path, runner=_rerun_of(printed))["report_hashes_differ"] == ["tiered 6144 output ids"]
+
+
+def test_recipe_argv_gives_back_the_run_s_arguments():
+    ap = memory_vs_context.parser()
+    values = vars(ap.parse_args([*ARGS, "--position", "fixed", "--rate-window", "256", "--out", "x.json"]))
+    argv = recipe_argv(ap, values, drop=("out", "ref_contexts"), contexts="6144")
+    again = vars(ap.parse_args(argv))
+    assert again == {**values, "out": None, "ref_contexts": "", "contexts": "6144"}
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_committed_reports_carry_a_recipe(name):
+    report = load_report(REPO / "bench" / "results" / name)
+    plan = plan_for(report)  # raises if there is none
+    assert plan.kind == "recheck" and plan.argv[:2] == ["python", "-m"] and "--recheck-only" in plan.argv
+    assert plan.outputs and all(len(h) == 64 for h in plan.outputs.values())
+    assert set(plan.inputs) <= set(plan.outputs)
+    block = report["recheck"]
+    if "recipe_added" in block:  # added after the report: its own domain, and what it reproduced of the rows
+        assert isinstance(block["domain"], dict) and "report_hashes_reproduced" in block
