@@ -6,8 +6,9 @@ working set that holds a fraction of the document's pages (sink + top-k + local)
     stream25           the sink and local pages only (StreamingLLM's working set, the same pages)
     oracle25           ws25's stored pages; the question and answer attend to the sink, local and the
                        evidence pages (forced: what a working set that holds the evidence can do)
-    ws25-lex           ws25's stored pages; the question and answer attend to the sink, local and the pages whose
-                       text best matches the question's words (BM25 over the pages' text, top-k of ws25)
+    ws25-lex           ws25 with TieredConfig(selection="lexical"): the question and answer attend to the sink,
+                       local and the top-k pages whose text best matches the question's words (BM25 over the
+                       pages' text), chosen once per question
     ws25-exact         ws25's working set while answering, over pages ingested with full attention (the
                        artifact of an exact ingest grafted into the ws25 regime: `allow_domain_mismatch`)
 
@@ -18,11 +19,11 @@ the working set of each layer while the question was read.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 from bench.common import markdown_table
-from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
 from tieredkv.engine.placement import OwnPositions
@@ -66,6 +67,8 @@ def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], sy
     fraction, mode = BUDGET_SYSTEMS[system]
     num_pages = math.ceil(len(doc_ids) / page_size)
     config = budget_config(num_pages, fraction, mode if mode in ("union", "stream") else "per_head", page_size)
+    if mode == "lexical":
+        config = dataclasses.replace(config, selection="lexical")
     device_bytes = working_set_bytes(lm, config)
     t0 = time.perf_counter()
     exact = exact_artifact(lm, doc_ids, store_dir, num_pages, page_size) if mode == "exact" else None
@@ -77,10 +80,8 @@ def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], sy
             else:
                 art, grafted = tm.graft(exact, allow_domain_mismatch=True), True
             t_open = time.perf_counter() - t0
-            if mode in ("oracle", "lexical"):
-                k = config.topk_pages
-                forced = evidence if mode == "oracle" else lexical_pages(lm, doc_ids, q_ids, page_size, k)
-                tm.cache.policy = ForcedPages(OwnPositions(), forced, replace=True)
+            if mode == "oracle":
+                tm.cache.policy = ForcedPages(OwnPositions(), evidence, replace=True)
             tm.keep_in_memory()
             tm.cache.retrieval_log.clear()
             t1 = time.perf_counter()
@@ -100,13 +101,6 @@ def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], sy
                  "evidence_local": any(p >= local_first for p in evidence),
                  "evidence_layers": sum(bool(set(sel) & set(evidence)) for sel in read_layers),
                  "layers": len(read_layers)}
-
-
-def lexical_pages(lm, doc_ids: list[int], q_ids: list[int], page_size: int, k: int) -> list[int]:
-    """The `k` pages whose text scores best for the question's words (BM25), best first."""
-    pages = [lm.codec.decode(doc_ids[i:i + page_size]) for i in range(0, len(doc_ids), page_size)]
-    scores = bm25_scores(pages, lm.codec.decode(q_ids))
-    return sorted(range(len(pages)), key=lambda p: (-scores[p], p))[:k]
 
 
 def exact_artifact(lm, doc_ids: list[int], store_dir, num_pages: int, page_size: int) -> str:

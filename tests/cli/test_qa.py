@@ -61,3 +61,16 @@ def test_a_questions_file_line_that_is_not_a_question_is_one_line(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and "line 2" in err and "JSONL" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "s").exists()
+
+
+def test_select_lexical_needs_the_reading_off_and_then_answers(tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC * 3)
+    base = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--store", str(tmp_path / "s"), "--question",
+            "What is the secret colour?", "--max-new-tokens", "2", "--json", "--quiet", "--select", "lexical"]
+    assert main(base) != 0
+    assert "--read-passages 0" in capsys.readouterr().err
+    small = ["--read-passages", "0", "--position", "own", "--page-size", "32", "--local-pages", "2", "--topk-pages", "2"]
+    assert main([*base, *small]) == 0
+    [answer] = _jsonl(capsys)
+    assert answer["question"] == "What is the secret colour?" and answer["context"] == "ingested"

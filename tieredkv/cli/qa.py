@@ -45,6 +45,11 @@ def _config_fields(args) -> dict:
     if args.reencode_pages and args.read_passages:
         raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages "
                          f"{args.read_passages} would do nothing; give one or the other")
+    if args.select is not None:
+        if args.read_passages != 0:
+            raise InputError(f"--select {args.select} chooses the stored pages attention reads, which the reading "
+                             "replaces: add --read-passages 0")
+        fields["selection"] = args.select
     if args.reencode_pages:
         fields.update(reencode_pages=args.reencode_pages, reading=None)
     elif args.read_passages == 0:
@@ -202,7 +207,7 @@ def _print(args, ans, doc, load_s: float, store_dir: str) -> None:
 
 
 def register(sub) -> None:
-    from tieredkv.engine.tiered_config import READING_SIGNALS, RETRIEVAL_MODES
+    from tieredkv.engine.tiered_config import READING_SIGNALS, RETRIEVAL_MODES, SELECTIONS
     from tieredkv.question.corpus import DEFAULT_QUESTION
     from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, QA_READING, READ_INSIDE_FROM
 
@@ -240,6 +245,10 @@ def register(sub) -> None:
     r.add_argument("--read-candidates", type=positive_int,
                    help=f"places considered; more than --read-passages: the model judges which to read, by the "
                         f"question's likelihood after each (default {QA_READING.candidates})")
+    r.add_argument("--select", choices=SELECTIONS,
+                   help="with --read-passages 0, over a document larger than the working set: how the question "
+                        "chooses the stored pages it attends to (attention: each step scores the pages' keys, the "
+                        "default; lexical: the top-k pages matching the question's words, once per question)")
     r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")

@@ -60,7 +60,11 @@ class PlacementPolicy:
 
     def retrieve(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
         """Far pages (not sink, not local) the index scores highest for `query`, union over KV heads
-        (at most `config.union_pages` of them, filled by rank: `merge_ranked`), in position order."""
+        (at most `config.union_pages` of them, filled by rank: `merge_ranked`), in position order; or the
+        pages a question holds (`ctx.held_pages`, TieredConfig.selection="lexical"), searching nothing."""
+        if ctx.held_pages is not None:
+            exclude = retrieval_excluded(len(ctx.spans), sink=ctx.config.sink_pages, local=ctx.config.local_pages)
+            return sorted(set(ctx.held_pages) - exclude)
         return merge_ranked(self.ranked_per_head(ctx, layer_idx, query), ctx.config.union_pages)
 
     def retrieve_per_head(self, ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
@@ -78,11 +82,11 @@ class PlacementPolicy:
     def select_heads(self, ctx, layer_idx: int, query: torch.Tensor) -> tuple[list[int], list[list[int]] | None]:
         """`select`, split for `TieredConfig.retrieval="per_head"` while the context retrieves: the pages
         every KV head reads (sink and local, position order) and each head's own top-k. Else
-        `(select(...), None)`: the union. So too with re-encoded pages (`fixed` packs them among the
-        union's pages: reencode.py computed them there) and for a policy that overrides `select`
-        (a diagnostic that decides the selection itself)."""
+        `(select(...), None)`: the union. So too with held pages (the same for every head), with re-encoded
+        pages (`fixed` packs them among the union's pages: reencode.py computed them there) and for a policy
+        that overrides `select` (a diagnostic that decides the selection itself)."""
         c = ctx.config
-        if (c.retrieval != "per_head" or not ctx.retrieving or ctx.reencoded
+        if (c.retrieval != "per_head" or not ctx.retrieving or ctx.reencoded or ctx.held_pages is not None
                 or type(self).select is not PlacementPolicy.select):
             return self.select(ctx, layer_idx, query), None
         rows = self.retrieve_per_head(ctx, layer_idx, query)

@@ -205,6 +205,8 @@ class TieredCache(Cache):
         self.reencoded_start: dict[int, int] = {}  # page id -> own position of its first re-encoded token
         # BM25 over page text, built at a question's first reading (tieredkv/question/reading.py)
         self.lexical_index = None
+        # far pages a question chose by its words, attended instead of searching (TieredConfig.selection)
+        self.held_pages: list[int] | None = None
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -12,6 +12,7 @@ TOPK_DEFAULTS = {"own": 16, "fixed": 8}
 REUSE_MIN_COSINE = 0.95  # see TieredConfig.reuse_steps
 READING_SIGNALS = ("attention", "lexical", "hybrid")
 RETRIEVAL_MODES = ("union", "per_head")  # see TieredConfig.retrieval
+SELECTIONS = ("attention", "lexical")  # see TieredConfig.selection
 MAX_PAGE_SIZE = 1 << 16  # tokens per page: far above any useful page (the default is 128)
 MAX_COUNT = 1 << 24  # any other count of pages, steps or summaries: far above any useful one
 
@@ -99,6 +100,13 @@ class TieredConfig:
     # most sink + union_pages + local pages at every context length, in which every head still reads its
     # best pages and all heads' pages together (lab/NOTEBOOK.md measures speed, docs/RESULTS.md answers).
     union_pages: int | None = None
+    # Approximate, while the context retrieves: how a question over a sealed context (right after ingest or
+    # graft) chooses the far pages its layers attend to. "attention" (the default): each forward scores the
+    # pages' key summaries against its queries, per layer (and KV head). "lexical": once per question, the
+    # top-k pages whose text best matches the question's words (BM25 over the pages' text) are held in every
+    # layer's working set for all KV heads while the question and its answer run, with the sink and local
+    # pages; no index search per step. Ingest is unchanged (the stored pages are the same bytes).
+    selection: str = "attention"
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
     # "fixed" only, approximate: before a prompt is answered over a sealed context that retrieves
@@ -139,6 +147,8 @@ class TieredConfig:
                                              or self.union_pages < 1 or self.retrieval != "union"):
             raise ValueError(f"union_pages caps retrieval='union' and must be an int >= 1 (or None: no cap), got "
                              f"{self.union_pages!r} with retrieval={self.retrieval!r}")
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
         if self.score_frame not in SCORE_FRAMES:
             raise ValueError(f"score_frame must be one of {SCORE_FRAMES}, got {self.score_frame!r}")
         if self.reading is not None and self.reencode_pages:
@@ -188,6 +198,7 @@ class TieredConfig:
         d.pop("write_batch")
         d.pop("reencode_pages")  # question-time only: the stored pages are the same bytes
         d.pop("reading")
+        d.pop("selection")  # question-time only, like reading
         if not self.reuse_steps:
             d.pop("reuse_steps")  # exact selection: what regimes recorded before the field existed
         if self.retrieval == "union":

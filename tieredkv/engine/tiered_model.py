@@ -324,6 +324,11 @@ class TieredModel:
             from tieredkv.question.reencode import probe, reencode
 
             reencode(self.cache, probe(self.cache, new_ids, self.config.reencode_pages))
+        elif self.config.selection == "lexical" and self.cache.retrieving:
+            from tieredkv.question.reading import lexical_pages
+
+            query = question if question is not None else self.lm.codec.decode(list(new_ids))
+            self.cache.held_pages = lexical_pages(self.cache, query, self.config.topk_pages, self.lm.codec)
 
     def _sealed(self) -> bool:
         """Every token is in a sealed page (right after ingest or graft)."""

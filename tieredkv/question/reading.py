@@ -34,6 +34,7 @@ import numpy as np
 from index.lexical import STOPWORDS
 from tieredkv.engine.placement import PlacementPolicy
 from tieredkv.engine.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
+from tieredkv.engine.working_set import retrieval_excluded
 from tieredkv.question.reencode import attention_votes
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
@@ -76,6 +77,16 @@ def lexical_scores(cache, candidates: Sequence[int], query: str, codec) -> dict[
     """Page id -> BM25 of `query`'s words over the page's text (pages where none occurs are left out)."""
     scores = lexical_index(cache, codec).scores(query)
     return {p: float(scores[p]) for p in candidates if scores[p] > 0}
+
+
+def lexical_pages(cache, query: str, k: int, codec) -> list[int] | None:
+    """The `k` far pages (not sink, not local) whose text best matches `query` (BM25), in position order;
+    None where no far page holds one of its words (attention then searches as usual)."""
+    c = cache.config
+    far = sorted(set(range(len(cache.spans))) - retrieval_excluded(len(cache.spans), sink=c.sink_pages,
+                                                                     local=c.local_pages))
+    scores = lexical_scores(cache, far, query, codec)
+    return sorted(sorted(scores, key=lambda p: (-scores[p], p))[:k]) or None
 
 
 def fuse(rankings: Sequence[Sequence[int]]) -> list[int]:
