@@ -40,17 +40,32 @@ def recipe_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["length"] == length and r["id"] in ids and r["system"] in RECHECK_SYSTEMS]
 
 
+def _args(chosen: list[dict], question_set: str) -> list[str]:
+    return ["--set", question_set, "--lengths", chosen[0]["length"], "--questions",
+            ",".join(dict.fromkeys(r["id"] for r in chosen)),
+            "--systems", ",".join(s for s in RECHECK_SYSTEMS if any(r["system"] == s for r in chosen)),
+            "--recheck-only"]
+
+
 def block(rows: list[dict], info: dict, question_set: str) -> dict | None:
     """The report's recheck block (None while no row of RECHECK_SYSTEMS is in it)."""
     chosen = recipe_rows(rows)
     if not chosen:
         return None
-    args = ["--set", question_set, "--lengths", chosen[0]["length"], "--questions",
-            ",".join(dict.fromkeys(r["id"] for r in chosen)),
-            "--systems", ",".join(s for s in RECHECK_SYSTEMS if any(r["system"] == s for r in chosen)),
-            "--recheck-only"]
     outputs, inputs = hashed(chosen, info)
-    return recheck_block("bench.longdoc_qa", args, outputs, inputs=inputs)
+    return recheck_block("bench.longdoc_qa", _args(chosen, question_set), outputs, inputs=inputs)
+
+
+# `python -m bench.add_recipe` on a report made before longdoc_qa wrote a recipe
+def recipe_for_report(report: dict, threads: int) -> list[str]:
+    chosen = recipe_rows(report["rows"])
+    if not chosen:
+        raise SystemExit("the report has no ceiling or bm25 row to re-run")
+    return [*_args(chosen, report["inputs"].get("question_set", "longdoc")), "--threads", str(threads)]
+
+
+def report_hashes(report: dict) -> dict[str, str]:
+    return hashed(recipe_rows(report["rows"]), report["inputs"])[0]
 
 
 def domain(lm, page_size: int) -> dict:

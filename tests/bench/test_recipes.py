@@ -31,7 +31,8 @@ COMMITTED = ["passkey.json", "passkey.prose.json", "graft_vs_recompute.json", "r
              "fault_suite.json", "remote_tier.json", "memory_vs_context.tiny-llama.json",
              "memory_vs_context.tiny-llama.2854766.json", "memory_vs_context.smollm2.131k-fixed.pair.json",
              "memory_vs_context.smollm2.131k-fixed.per-head.pair.json", "memory_vs_context.smollm2.131k-own.pair.json",
-             "memory_vs_context.smollm2.131k-own.per-head.pair.json", "library_demo.json"]
+             "memory_vs_context.smollm2.131k-own.per-head.pair.json", "library_demo.json",
+             *(f"longdoc_qa.{name}.json" for name in ("window", "news", "16k", "32k", "128k")), "ruler.json"]
 
 
 @pytest.fixture(scope="module")
