@@ -35,12 +35,19 @@ def test_the_question_holds_the_pages_that_hold_its_words(tiny_model, tmp_path, 
         tm.generate(lm.codec.encode(question), max_new_tokens=3, question=question)
         held = tm.cache.held_pages
         texts = [lm.codec.decode(tm.cache.page_token_ids(p)) for p in held]
-        assert 1 <= len(held) <= config.topk_pages
+        heads = tm.cache.layout.num_kv_heads
+        assert 1 <= len(held) <= (config.topk_pages if retrieval == "per_head" else heads * config.topk_pages)
         assert any("zanzibar" in t for t in texts) and any("quokka" in t for t in texts)
         n = len(tm.cache.spans)
         for layer in range(len(tm.cache.layers)):
             assert tm.cache.last_selection(layer) == sorted({0, *held, n - 2, n - 1})
         assert {tuple(found) for found in tm.cache.retrieval_log} == {tuple(held)}  # every forward, every layer
+
+
+def test_a_question_holds_what_one_head_reads_under_its_retrieval():
+    assert TieredConfig(topk_pages=4, retrieval="per_head").held_pages(3) == 4
+    assert TieredConfig(topk_pages=4).held_pages(3) == 12  # the union's most
+    assert TieredConfig(topk_pages=4, union_pages=5).held_pages(3) == 5
 
 
 def test_without_a_matching_page_attention_searches(tiny_model, tmp_path):

@@ -103,9 +103,10 @@ class TieredConfig:
     # Approximate, while the context retrieves: how a question over a sealed context (right after ingest or
     # graft) chooses the far pages its layers attend to. "attention" (the default): each forward scores the
     # pages' key summaries against its queries, per layer (and KV head). "lexical": once per question, the
-    # top-k pages whose text best matches the question's words (BM25 over the pages' text) are held in every
+    # pages whose text best matches the question's words (BM25 over the pages' text) are held in every
     # layer's working set for all KV heads while the question and its answer run, with the sink and local
-    # pages; no index search per step. Ingest is unchanged (the stored pages are the same bytes).
+    # pages, as many as one head reads under `retrieval` (`held_pages`); no index search per step. Ingest is
+    # unchanged (the stored pages are the same bytes).
     selection: str = "attention"
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction
@@ -191,6 +192,13 @@ class TieredConfig:
         if self.union_pages is not None:
             retrieved = min(retrieved, self.union_pages)
         return self.sink_pages + self.local_pages + retrieved
+
+    def held_pages(self, num_kv_heads: int) -> int:
+        """How many far pages a question holds under selection="lexical": what one KV head reads at most
+        under `retrieval` (per_head: its top-k; union: the union's most, Hkv x top-k or `union_pages`)."""
+        if self.retrieval == "per_head":
+            return self.topk_pages
+        return self.working_set_pages(num_kv_heads) - self.sink_pages - self.local_pages
 
     def regime(self, page_size: int) -> dict:
         """What decides the K/V bytes of pages sealed under this config."""

@@ -328,7 +328,8 @@ class TieredModel:
             from tieredkv.question.reading import lexical_pages
 
             query = question if question is not None else self.lm.codec.decode(list(new_ids))
-            self.cache.held_pages = lexical_pages(self.cache, query, self.config.topk_pages, self.lm.codec)
+            k = self.config.held_pages(self.cache.layout.num_kv_heads)
+            self.cache.held_pages = lexical_pages(self.cache, query, k, self.lm.codec)
 
     def _sealed(self) -> bool:
         """Every token is in a sealed page (right after ingest or graft)."""
