@@ -140,7 +140,7 @@ def share(system: str, rows: list[dict], page_size: int) -> float | None:
     return None
 
 
-SHOWN = ("full", "tiered-attend", *BUDGET_SYSTEMS, "tiered-read", "ceiling", "bm25")
+SHOWN = ("full", "tiered-attend", "tiered-attend-words", *BUDGET_SYSTEMS, "tiered-read", "ceiling", "bm25")
 
 
 def summaries(rows: list[dict], length: str, page_size: int) -> tuple[set[str], list[dict]]:

@@ -12,6 +12,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
     tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
     ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc_budget.py)
     tiered-attend   the same with no question-time step: attention over the stored pages
+    tiered-attend-words  the same, the stored pages chosen by the question's words (TieredConfig.selection="lexical")
     ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
                 handed the right passage)
     bm25        BM25 over the document's 128-token pages, the top 6 in document order, then the plain
@@ -56,11 +57,13 @@ from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_p
 
 # 4k and 8k fit the model's 8,192-token window with the frame, a question and its answer
 LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_072}
-SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", *BUDGET_SYSTEMS, "ceiling", "bm25",
+SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", "tiered-attend-words", *BUDGET_SYSTEMS,
+           "ceiling", "bm25",
            "truncation", "full", "signals")
 # the tiered path with its question-time step chosen, whatever the length: the reading (QA_READING), the
 # reading with the model judging 3 candidate places, or none (attention over the stored pages)
-FORCED = {"tiered-read": "read", "tiered-judge": "read:candidates=3", "tiered-attend": "none"}
+FORCED = {"tiered-read": "read", "tiered-judge": "read:candidates=3", "tiered-attend": "none",
+          "tiered-attend-words": "none:lexical"}
 # "signals" answers nothing: it ranks the document's pages for the question by each signal the reading
 # could use, and records where the answer page lands (rank 1 = first).
 CEILING_TOKENS = 512
@@ -203,9 +206,10 @@ def bm25_pages(lm, w: Window, question: str, page_size: int, k: int) -> list[int
 
 def parse_variant(spec: str) -> dict:
     """TieredConfig fields of the tiered system: "default" (what `tieredkv qa` runs), "reencode=N",
-    "none" (fixed, no question-time step), or "read:passages=2,passage_tokens=384,signal=hybrid" (fields
-    not given keep the QA defaults, the frame included); any of them with "+reuse=N" appended decodes
-    with TieredConfig.reuse_steps=N (approximate)."""
+    "none" (no question-time step: attention over the stored pages), "none:lexical" (the stored pages chosen
+    by the question's words: TieredConfig.selection), or
+    "read:passages=2,passage_tokens=384,signal=hybrid" (fields not given keep the QA defaults, the frame
+    included); any of them with "+reuse=N" appended decodes with TieredConfig.reuse_steps=N (approximate)."""
     spec, plus, reuse = spec.partition("+reuse=")
     if plus:
         if not reuse.isdigit():
@@ -215,6 +219,8 @@ def parse_variant(spec: str) -> dict:
         return {}
     if spec == "none":
         return {"reading": None}
+    if spec.startswith("none:"):  # the stored pages chosen by TieredConfig.selection
+        return {"reading": None, "selection": spec.partition(":")[2]}
     if spec.startswith("reencode="):
         return {"reading": None, "reencode_pages": int(spec.split("=")[1])}
     if spec.startswith("read"):

@@ -70,7 +70,8 @@ def test_select_lexical_needs_the_reading_off_and_then_answers(tmp_path, capsys)
             "What is the secret colour?", "--max-new-tokens", "2", "--json", "--quiet", "--select", "lexical"]
     assert main(base) != 0
     assert "--read-passages 0" in capsys.readouterr().err
-    small = ["--read-passages", "0", "--position", "own", "--page-size", "32", "--local-pages", "2", "--topk-pages", "2"]
+    small = ["--read-passages", "0", "--position", "own", "--page-size", "32", "--local-pages", "2",
+             "--topk-pages", "2"]
     assert main([*base, *small]) == 0
     [answer] = _jsonl(capsys)
     assert answer["question"] == "What is the secret colour?" and answer["context"] == "ingested"

@@ -82,12 +82,9 @@ def test_selection_is_question_time_only(tiny_model, tmp_path):
         assert tm.graft(art).artifact_id == art.artifact_id  # the same domain: no mismatch to allow
 
 
-def test_qa_attends_to_stored_pages_chosen_by_the_question_s_words(tiny_model):
+def test_qa_keeps_the_key_summaries_unless_asked(tiny_model):
     from tieredkv.question.qa import qa_config
 
     lm = tiny_model("tiny-llama")
-    assert qa_config(lm, 4_000, reading=None).selection == "lexical"
-    assert qa_config(lm, 4_000, position="own").selection == "lexical"
-    assert qa_config(lm, 4_000, reading=None, selection="attention").selection == "attention"
-    assert qa_config(lm, 4_000).selection == "attention"  # the reading chooses passages instead
-    assert qa_config(lm, 20_000, reencode_pages=4, reading=None).selection == "attention"
+    assert qa_config(lm, 4_000, reading=None).selection == "attention"
+    assert qa_config(lm, 4_000, reading=None, selection="lexical").selection == "lexical"

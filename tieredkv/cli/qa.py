@@ -247,8 +247,8 @@ def register(sub) -> None:
                         f"question's likelihood after each (default {QA_READING.candidates})")
     r.add_argument("--select", choices=SELECTIONS,
                    help="with --read-passages 0, over a document larger than the working set: how the question "
-                        "chooses the stored pages it attends to (lexical, the default: the top-k pages matching the "
-                        "question's words, once per question; attention: each step scores the pages' keys)")
+                        "chooses the stored pages it attends to (attention, the default: each step scores the pages' "
+                        "keys; lexical: the pages matching the question's words, once per question)")
     r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")

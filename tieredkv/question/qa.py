@@ -36,8 +36,8 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     READ_INSIDE_FROM tokens, at own positions inside the model's window, with the fixed-distance policy
     beyond it (whose document is ingested with per-head retrieval); a shorter context is attended whole at
     own positions (exact). `fields` override TieredConfig's (position "auto"; reading=None attends to the stored pages,
-    exact inside the window while they fit the working set, else chosen by the question's words
-    (selection="lexical"); reencode_pages=N re-encodes beyond it; a
+    exact inside the window while they fit the working set; selection="lexical" has the question's words
+    choose them where they do not; reencode_pages=N re-encodes beyond it; a
     reading given explicitly applies at any length; position="own" without a reading: no reading)."""
     fields.setdefault("position", AUTO)
     explicit = "reading" in fields
@@ -48,11 +48,6 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     config = TieredConfig(**fields).resolve(lm.model, num_tokens)
     if config.position == "own" and not explicit and num_tokens <= READ_INSIDE_FROM:
         config = dataclasses.replace(config, reading=None)
-    if config.reading is None and not config.reencode_pages and "selection" not in fields:
-        # NOTE: attention over the stored pages: where they outnumber the working set, the question's words choose
-        # them (the evidence far more often than the key summaries: bench/results/ruler.json); no effect where
-        # the document fits (exact)
-        config = dataclasses.replace(config, selection="lexical")
     if config.position == "fixed" and config.reading is not None and config.reading.signal == "lexical" \
             and "retrieval" not in fields:
         # NOTE: a lexical reading's answer attends to the frame and passages computed afresh and to the
