@@ -143,6 +143,9 @@ def table(rows: list[dict]) -> str:
                               ("decode ms/token", "decode_ms_per_token", "")])
 
 
+MARKED = {"ws25-lex": "*", "oracle25": "x", "stream25": "v", "ws25-union": "+", "ws25-exact": "1"}
+
+
 def plot(rows: list[dict], path) -> None:
     """Mean recall against the share of the document attended per KV head, one line per context."""
     import matplotlib
@@ -156,14 +159,15 @@ def plot(rows: list[dict], path) -> None:
         pts = sorted((d["share"], d["recall"]) for d in s if d["context"] == n and d["system"] in
                      ("ws12", "ws25", "ws50", "full"))
         line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{n:,} tokens: per-head top-k")
-        for d in s:
-            if d["context"] == n and d["system"] in ("stream25", "oracle25", "ws25-union"):
-                ax.scatter([d["share"]], [d["recall"]], marker="x", color=line[0].get_color())
-                ax.annotate(d["system"], (d["share"], d["recall"]), xytext=(4, -10), textcoords="offset points",
-                            fontsize=7)
+        others = [d for d in s if d["context"] == n and d["system"] in MARKED]
+        for i, d in enumerate(others):
+            ax.scatter([d["share"]], [d["recall"]], marker=MARKED[d["system"]], color=line[0].get_color())
+            ax.annotate(f"{d['system']} ({n // 1000}K)", (d["share"], d["recall"]), fontsize=7,
+                        xytext=(6, 8 * i - 12), textcoords="offset points", color=line[0].get_color())
             if d["context"] == n and d["system"] == "qa":
                 ax.axhline(d["recall"], ls=":", color=line[0].get_color(), lw=1)
     ax.set_xscale("log")
+    ax.set_ylim(-0.02, max(d["recall"] for d in s) + 0.05)
     ax.set_xlabel("share of the document's pages attended per KV head (log)")
     ax.set_ylabel("mean recall of expected strings")
     ax.set_title("Synthetic suite: recall against working set (dotted: tieredkv qa)", fontsize=10)
