@@ -41,10 +41,13 @@ class Task:
     def expected(self) -> tuple[str, ...]:
         return self.answers or (self.answer,)
 
+    @property
+    def evidence_spans(self) -> tuple[tuple[int, int], ...]:
+        return self.spans or (self.needle_span,)
+
     def needle_pages(self, page_size: int) -> set[int]:
         """Ids of the pages that hold the evidence."""
-        spans = self.spans or (self.needle_span,)
-        return {p for s, e in spans for p in range(s // page_size, (e - 1) // page_size + 1)}
+        return {p for s, e in self.evidence_spans for p in range(s // page_size, (e - 1) // page_size + 1)}
 
     def row(self, codec, out: list[int]) -> dict:
         """What every benchmark row of a task records about an answer: the answer, the output,

@@ -9,9 +9,7 @@ equal on any machine, and what came out (each row's output ids), equal in the sa
 """
 from __future__ import annotations
 
-import json
-
-from bench.report import recheck_block
+from bench.report import print_recheck, recheck_block
 from tieredkv.provenance.domain import determinism_domain
 
 RECHECK_SYSTEMS = ("ceiling", "bm25")
@@ -75,4 +73,4 @@ def domain(lm, page_size: int) -> dict:
 def print_rerun(lm, rows: list[dict], info: dict, page_size: int) -> None:
     """What `--recheck-only` prints: the re-run's hashes and its determinism domain."""
     outputs, inputs = hashed(rows, info)
-    print(json.dumps({"domain": domain(lm, page_size), "outputs": outputs, "inputs": inputs}, sort_keys=True))
+    print_recheck(outputs, domain(lm, page_size), inputs)

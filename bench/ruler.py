@@ -37,7 +37,7 @@ from bench.common import markdown_table
 from bench.longctx_tasks import SUITE
 from bench.longdoc_budget import BUDGET_SYSTEMS, budget_config, run_budget
 from bench.passkey import run_qa
-from bench.report import environment, recheck_block, write_report
+from bench.report import environment, print_recheck, recheck_block, write_report
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import kv_bytes_per_token, load_model
 from tieredkv.provenance.domain import determinism_domain
@@ -91,12 +91,12 @@ def samples(a):
 def answer(a, lm, n: int, name: str, seed: int, work: Path, done: set) -> list[dict]:
     """Every system's row for one sample (those not `done` already)."""
     task = SUITE[name](lm.codec, n, DEPTHS[seed % len(DEPTHS)], seed, haystack="prose")
-    rows = []
+    rows, store_dir = [], work / f"{name}-{n}-{seed}"  # the sample's stores: one per budget regime
     for system in a.systems.split(","):
         if (n, name, seed, system) in done:
             continue
         t0 = time.perf_counter()
-        got = run_system(lm, task, system, work / f"{name}-{n}-{seed}", lm.default_page_size)
+        got = run_system(lm, task, system, store_dir, lm.default_page_size)
         if got is None:
             continue
         out, extra = got
@@ -107,6 +107,7 @@ def answer(a, lm, n: int, name: str, seed: int, work: Path, done: set) -> list[d
         rows.append(row)
         print(f"{name:10s} {n:6d} s={seed} {system:10s} {'OK ' if row['correct'] else '-- '} "
               f"recall={row['recall']:.2f} {row['output']!r} ({row['seconds']}s)", file=sys.stderr)
+    shutil.rmtree(store_dir, ignore_errors=True)  # an 8K document is ~370 MB per regime
     return rows
 
 
@@ -254,7 +255,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if a.recheck_only:
         outputs, inputs = hashed(rows)
-        print(json.dumps({"outputs": outputs, "inputs": inputs, "domain": domain}, sort_keys=True))
+        print_recheck(outputs, domain, inputs)
         return 0
     print(table(rows))
     plot(rows, Path(a.out).with_suffix(".png"))

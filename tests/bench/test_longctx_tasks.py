@@ -19,7 +19,7 @@ def codec(smollm2):
 def test_every_family_plants_its_answers_inside_the_spans(codec, name):
     task = SUITE[name](codec, N, 0.5, 3, haystack="prose")
     assert N - 40 <= len(task.doc_ids) + len(task.question_ids) <= N
-    spans = task.spans or (task.needle_span,)
+    spans = task.evidence_spans
     evidence = " ".join(codec.decode(task.doc_ids[s:e]) for s, e in spans)
     for expected in task.expected:
         assert expected in evidence, (name, expected)

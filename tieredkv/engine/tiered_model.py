@@ -318,7 +318,7 @@ class TieredModel:
         if self.config.reading is not None:  # NOTE: whether or not attention retrieves: a reading picks passages
             from tieredkv.question.reading import read
 
-            query = question if question is not None else self.lm.codec.decode(list(new_ids))
+            query = self._question_text(new_ids, question)
             self.last_reading = read(self.cache, new_ids, query, self.config.reading, self.lm.codec)
         elif self.config.reencode_pages and self.cache.retrieving:
             from tieredkv.question.reencode import probe, reencode
@@ -327,9 +327,12 @@ class TieredModel:
         elif self.config.selection == "lexical" and self.cache.retrieving:
             from tieredkv.question.reading import lexical_pages
 
-            query = question if question is not None else self.lm.codec.decode(list(new_ids))
             k = self.config.held_pages(self.cache.layout.num_kv_heads)
-            self.cache.held_pages = lexical_pages(self.cache, query, k, self.lm.codec)
+            self.cache.held_pages = lexical_pages(self.cache, self._question_text(new_ids, question), k, self.lm.codec)
+
+    def _question_text(self, new_ids: list[int], question: str | None) -> str:
+        """What a question-time step matches against the pages: the question given, else the prompt's text."""
+        return question if question is not None else self.lm.codec.decode(list(new_ids))
 
     def _sealed(self) -> bool:
         """Every token is in a sealed page (right after ingest or graft)."""
