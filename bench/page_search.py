@@ -11,10 +11,16 @@ those steps (layer, queries, k, excluded pages) is recorded. Then, on that index
    renumbered) to reach millions of tokens' worth of pages; both answers compared byte for byte.
 
     python -m bench.page_search --context 131072 --tile 1,8,22
+
+The report's `tieredkv recheck` recipe (`--recheck-only`) re-runs the same searches, nothing timed: the
+context's token ids must hash equal on any machine, the decoded ids, the pages every search returned and the
+groups opened hash-equal in the same determinism domain, and at every page count the search must return what
+the flat scan returns (page ids and score bytes) anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import tempfile
 import time
@@ -25,12 +31,15 @@ import torch
 
 from bench.common import markdown_table
 from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
-from bench.report import environment, sha256_ids, write_report
+from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
 from index import PageIndex, quest_bound
 from paging import PageStore, StoreConfig
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
+from tieredkv.provenance.domain import determinism_domain
+
+PAGE_SIZE = 128
 
 
 class Recorder:
@@ -49,7 +58,7 @@ class Recorder:
 
 def record_searches(lm, ids: list[int], n: int, steps: int, store_dir: str):
     """Ingest `n` tokens, decode `steps` tokens: (the index, its bounds per layer, the recorded searches)."""
-    cfg = TieredConfig(page_size=128)
+    cfg = TieredConfig(page_size=PAGE_SIZE)
     with PageStore(store_dir, StoreConfig(device_budget_bytes=working_set_bytes(lm, cfg), device="cpu")) as store:
         tm = TieredModel(lm, store, cfg)
         tm.prefill(ids[:n], logits_to_keep=None)
@@ -102,25 +111,31 @@ def best_ms(fn, repeats: int) -> float:
 
 
 def speed(index: PageIndex, bounds, calls, tiles: list[int], repeats: int) -> list[dict]:
+    """Per tile: both searches' answers compared (and hashed) and, when `repeats`, their best-of ms."""
     rows = []
     for t in tiles:
         big = tiled(index, bounds, t) if t > 1 else index
         n = len(big)
-        flat, fast, same = [], [], 0
+        flat, fast, same, answers = [], [], 0, hashlib.sha256()
         for layer, q, k, exclude in calls:
             ex = set(exclude) | set(range(n - 16, n)) if t > 1 else exclude  # the local window moves with n
             a, b = big.search(layer, q, k, ex), big.search_flat(layer, q, k, ex)
             same += int(np.array_equal(a[0], b[0]) and a[1].tobytes() == b[1].tobytes())
-            fast.append(best_ms(lambda: big.search(layer, q, k, ex), repeats))
-            flat.append(best_ms(lambda: big.search_flat(layer, q, k, ex), repeats))
-        rows.append({"tile": t, "pages": n, "tokens_equivalent": n * 128, "search_ms_median": float(np.median(fast)),
-                     "flat_scan_ms_median": float(np.median(flat)), "identical": f"{same}/{len(calls)}",
+            answers.update(np.asarray(a[0], dtype=np.int64).tobytes() + a[1].tobytes())
+            if repeats:
+                fast.append(best_ms(lambda: big.search(layer, q, k, ex), repeats))
+                flat.append(best_ms(lambda: big.search_flat(layer, q, k, ex), repeats))
+        rows.append({"tile": t, "pages": n, "tokens_equivalent": n * PAGE_SIZE, "identical": f"{same}/{len(calls)}",
+                     "answers_sha256": answers.hexdigest(),
                      "scan": "flat" if n < big.flat_scan_below else "candidate pass"})
+        if repeats:
+            rows[-1] |= {"search_ms_median": float(np.median(fast)), "flat_scan_ms_median": float(np.median(flat))}
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
-def main(argv=None) -> int:
+# ----------------------------------------------------------------------------- the recheck recipe
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", type=int, default=131072)
     ap.add_argument("--steps", type=int, default=6, help="decode steps whose searches are recorded")
@@ -128,17 +143,60 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", default="1,8,22")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default="bench/results/page_search.tiny-llama.json")
-    a = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    ap.add_argument("--threads", type=int, help="torch threads (default 1; recorded in the environment and recipe)")
+    ap.add_argument("--recheck-only", action="store_true",
+                    help="the same searches, untimed: print {outputs, inputs, relations, domain} without writing "
+                         "(`tieredkv recheck`)")
+    return ap
+
+
+def recipe_args(values: dict, threads: int) -> list[str]:
+    """`--recheck-only` with a run's arguments (its report's args)."""
+    return recipe_argv(parser(), values, drop=("out", "repeats"), threads=threads, recheck_only=True)
+
+
+def recipe_hashes(report: dict) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from a report (its rows without their times), the names that hash inputs, relations."""
+    outputs = {"token ids": report["input_sha256"], "output ids": report["output_ids_sha256"],
+               "groups opened": sha256_json({str(g): v for g, v in report["group_bounds"].items()}),
+               "pages and searches": sha256_json({"searches": report["searches"],
+                                                  "pages": [r["pages"] for r in report["speed"]]})}
+    relations = {}
+    for r in report["speed"]:
+        if "answers_sha256" in r:  # a report made before the field has no hash of the pages returned
+            outputs[f"{r['pages']} pages: the pages searches returned"] = r["answers_sha256"]
+        same, _, searches = r["identical"].partition("/")
+        relations[f"{r['pages']} pages: search = flat scan"] = same == searches != "0"
+    return outputs, ["token ids"], relations
+
+
+def recipe_for_report(report: dict, threads: int) -> list[str]:
+    return recipe_args(report["args"], threads)
+
+
+def report_hashes(report: dict) -> dict[str, str]:
+    return recipe_hashes(report)[0]
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    torch.set_num_threads(a.threads or 1)
     lm = load_model("tiny-llama")
     ids = corpus_ids(lm, a.context)
     with tempfile.TemporaryDirectory(prefix="tkv-search-") as tmp:
         index, bounds, calls, out = record_searches(lm, ids, a.context, a.steps, tmp)
     groups = group_opened(bounds, calls, [int(x) for x in a.groups.split(",")])
-    rows = speed(index, bounds, calls, [int(x) for x in a.tile.split(",")], a.repeats)
+    rows = speed(index, bounds, calls, [int(x) for x in a.tile.split(",")], 0 if a.recheck_only else a.repeats)
     report = {"bench": "page_search", "model": lm.name, "model_fingerprint": lm.fingerprint, "args": vars(a),
               "environment": environment(), "input_sha256": sha256_ids(ids), "output_ids_sha256": sha256_ids(out),
               "searches": len(calls), "group_bounds": groups, "speed": rows}
+    outputs, inputs, relations = recipe_hashes(report)
+    domain = determinism_domain(lm.model, lm.fingerprint, PAGE_SIZE)
+    if a.recheck_only:
+        print_recheck(outputs, domain, inputs, relations)
+        return 0
+    report["recheck"] = recheck_block("bench.page_search", recipe_args(vars(a), torch.get_num_threads()), outputs,
+                                      inputs=inputs, relations=relations, domain=domain)
     write_report(Path(a.out), report)
     print("\n" + markdown_table([{"g": g, **r} for g, r in groups.items()],
                                 [("G (pages per group)", "g", ""), ("groups opened (mean)", "opened_mean", ".3f")]))

@@ -12,6 +12,12 @@ Measured, each in the same run as its baseline:
             into a store with room (the eviction's cost), and what was evicted
 
     python -m bench.store_lifecycle --json
+
+The report's `tieredkv recheck` recipe (`--recheck-only`, the same run untimed) hashes what is not a time:
+the documents' token ids must be equal on any machine, the continuation logits and the pages, bytes and
+documents each step left hash-equal in the same determinism domain, and anywhere the other documents'
+logits must be equal before and after the rm, rm must free the document's own bytes, gc nothing, and both
+caps must hold.
 """
 from __future__ import annotations
 
@@ -23,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from bench.report import environment, sha256_ids, write_report
+from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
 from paging import PageStore, StoreConfig
 from testkit.graft_child import continuation_logits
 from tieredkv.artifacts.artifact import deposit, graft
 from tieredkv.models.loading import load_model
-from tieredkv.provenance.domain import sha256_tensor
+from tieredkv.provenance.domain import determinism_domain, sha256_tensor
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -43,7 +49,7 @@ def _config(**kw) -> StoreConfig:
     return StoreConfig(**{"host_budget_bytes": 256 << 20, "lmdb_map_size": 256 << 20, **kw})
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--page-size", type=int, default=32)
@@ -51,14 +57,19 @@ def main(argv=None) -> int:
     ap.add_argument("--own", type=int, default=8, help="pages of each document's own ending")
     ap.add_argument("--out", default="bench/results/store_lifecycle.json")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    torch.manual_seed(0)
-    lm = load_model(a.model)
+    ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment and the recipe)")
+    ap.add_argument("--recheck-only", action="store_true",
+                    help="the same run, untimed: print {outputs, inputs, relations, domain} without writing "
+                         "(`tieredkv recheck`)")
+    return ap
+
+
+def lifecycle(a: argparse.Namespace, lm) -> dict:
+    """rm and gc on a store of three documents, then the host cap and the disk cap: the report's sections."""
     prefix = _ids(a.shared * a.page_size, 1)
     docs = [prefix + _ids(a.own * a.page_size, 2 + i) for i in range(3)]
     cont = _ids(16, 99)
-    out = {"config": vars(a), "environment": environment(), "model_fingerprint": lm.fingerprint,
-           "inputs_sha256": [sha256_ids(d) for d in docs] + [sha256_ids(cont)]}
+    out = {"inputs_sha256": [sha256_ids(d) for d in docs] + [sha256_ids(cont)]}
     with tempfile.TemporaryDirectory(prefix="tkv-life-") as d:
         with PageStore(Path(d) / "s", _config()) as store:
             arts = [deposit(lm, ids, store, page_size=a.page_size, name=f"doc{i}") for i, ids in enumerate(docs)]
@@ -80,6 +91,24 @@ def main(argv=None) -> int:
                          "pages_freed": collected.num_pages}
         out["host"] = _host_cap(Path(d) / "s", arts, page_nb)
         out["disk_cap"] = _disk_cap(Path(d), lm, docs, a.page_size, page_nb, a.shared + 2 * a.own)
+    return out
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    lm = load_model(a.model)
+    out = {"config": vars(a), "environment": environment(), "model_fingerprint": lm.fingerprint,
+           **lifecycle(a, lm)}
+    outputs, inputs, relations = recipe_hashes(out)
+    domain = determinism_domain(lm.model, lm.fingerprint, a.page_size)
+    if a.recheck_only:
+        print_recheck(outputs, domain, inputs, relations)
+        return 0
+    out["recheck"] = recheck_block("bench.store_lifecycle", recipe_args(vars(a), torch.get_num_threads()), outputs,
+                                   inputs=inputs, relations=relations, domain=domain)
     write_report(a.out, out, print_json=a.json)
     if not a.json:
         print(f"rm: {out['rm']['pages_freed']} pages, {out['rm']['bytes_freed']} bytes in {out['rm']['seconds']} s; "
@@ -115,6 +144,50 @@ def _disk_cap(root: Path, lm, docs, page_size: int, page_nb: int, two_docs_pages
                            "evicted": store.stats()["disk_cap"]["documents_evicted"]}
     return {**rows, "cap_bytes": two_docs_pages * page_nb,
             "ratio": round(rows["capped"]["seconds"] / rows["room"]["seconds"], 3)}
+
+
+# ----------------------------------------------------------------------------- the recheck recipe
+RM_COUNTS = ("pages_freed", "bytes_freed", "own_bytes_listed", "pages_left")
+HOST_COUNTS = ("pages_read", "cap_bytes", "held_bytes", "held_pages", "hits", "misses", "evictions", "lmdb_pages")
+
+
+def recipe_args(values: dict, threads: int) -> list[str]:
+    """`--recheck-only` with a run's arguments (its report's config)."""
+    return recipe_argv(parser(), values, drop=("out", "json"), threads=threads, recheck_only=True)
+
+
+def recipe_hashes(out: dict) -> tuple[dict[str, str], list[str], dict[str, bool]]:
+    """The recipe's outputs from a report's sections (no time in them), the names that hash inputs, and relations."""
+    rm, gc, host, cap = out["rm"], out["gc"], out["host"], out["disk_cap"]
+    *docs, cont = out["inputs_sha256"]
+    outputs = {**{f"doc{i} token ids": sha for i, sha in enumerate(docs)}, "continuation token ids": cont}
+    inputs = sorted(outputs)
+    outputs |= {"doc0 continuation logits": rm["logits_sha256_before"][0],
+                "doc2 continuation logits": rm["logits_sha256_before"][1],
+                "rm": sha256_json({k: rm[k] for k in RM_COUNTS}),
+                "gc": sha256_json({k: gc[k] for k in ("pages_walked", "pages_freed")}),
+                "host cap": sha256_json({k: host[k] for k in HOST_COUNTS}),
+                "disk cap": sha256_json({"cap_bytes": cap["cap_bytes"], **{
+                    label: {k: v for k, v in cap[label].items() if k != "seconds"} for label in ("room", "capped")}})}
+    relations = {
+        "rm: the other documents' logits equal before and after": rm["logits_sha256_before"] ==
+        rm["logits_sha256_after"] and rm["others_unchanged"],
+        "rm: the bytes freed are the document's own bytes": rm["bytes_freed"] == rm["own_bytes_listed"] > 0,
+        "gc: nothing unreferenced, nothing freed": gc["pages_freed"] == 0,
+        "host cap: held at most the cap, LMDB kept every page": host["held_bytes"] <= host["cap_bytes"]
+        and host["lmdb_pages"] == rm["pages_left"],
+        "disk cap: at most the cap, the least recently used document evicted": cap["capped"]["bytes"] <=
+        cap["cap_bytes"] and sorted(cap["capped"]["documents"]) == ["doc1", "doc2"] and cap["capped"]["evicted"] == 1,
+    }
+    return outputs, inputs, relations
+
+
+def recipe_for_report(report: dict, threads: int) -> list[str]:
+    return recipe_args(report["config"], threads)
+
+
+def report_hashes(report: dict) -> dict[str, str]:
+    return recipe_hashes(report)[0]
 
 
 if __name__ == "__main__":
