@@ -62,11 +62,14 @@ def add_recipe(path: Path, *, threads: int = 1, force: bool = False, runner=run_
         domain=rerun["domain"], recipe_added=note,
         report_hashes_reproduced=[n for n in shared if outputs[n] == own[n]],
         report_hashes_differ=[n for n in shared if outputs[n] != own[n]])
-    keys = list(json.loads(text))
-    sort = keys == sorted(keys)
-    out = json.dumps(report, indent=1, sort_keys=sort) + ("\n" if text.endswith("\n") else "")
-    path.write_text(out)
-    return report["recheck"]
+    # the rest of the report as it was, key order included (a report's nested keys need not be sorted): the block
+    # goes where a sorted write puts it, when the report's own keys are sorted
+    block = json.loads(json.dumps(report.pop("recheck"), sort_keys=True))
+    report["recheck"] = block
+    if list(report)[:-1] == sorted(list(report)[:-1]):
+        report = dict(sorted(report.items()))
+    path.write_text(json.dumps(report, indent=1) + ("\n" if text.endswith("\n") else ""))
+    return block
 
 
 def main(argv=None) -> int:
