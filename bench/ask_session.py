@@ -2,7 +2,7 @@
 what re-attaching the document's sealed state costs before each question, against the open that grafted
 it, and whether a question asked after others gets the answer it gets alone.
 
-    PYTHONPATH=. python -m bench.ask_session --store DIR [--questions N] [--max-new-tokens K]
+    PYTHONPATH=. python -m bench.ask_session [--store DIR] [--questions N] [--max-new-tokens K]
 
 The document is the bundled default (the statements chapter of the Python language reference, beyond
 the embedded model's window: fixed distances and question-time reading). A store that already holds it

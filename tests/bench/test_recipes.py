@@ -3,20 +3,25 @@
 memory_vs_context on tiny-llama: the report is made by one process and its recipe re-run by another, as a
 reader would; a tampered output, input or relation fails the recheck; a recipe added to a report made
 without one (bench.add_recipe) says so and reproduces the report's own hashes. The committed reports that
-back a number each carry a recipe.
+back a number each carry a recipe. store_lifecycle and page_search on tiny-llama (small runs): a full run's
+recipe replays in another process; digest's methods are checked against their references.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
+import importlib
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bench import memory_vs_context
+from bench import digest, memory_vs_context
 from bench.add_recipe import add_recipe
 from bench.report import recipe_argv
 from tieredkv.provenance.recheck import load_report, plan_for, recheck, run_subprocess
@@ -27,12 +32,15 @@ ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 ARGS = ["--model", "tiny-llama", "--contexts", "8192,6144", "--decode-tokens", "3", "--no-plain", "--threads", "1",
         "--ref-contexts", "6144"]
 AMD = "AuthenticAMD AMD EPYC 7B13 64-Core Processor"
+# reports whose recipe bench.add_recipe added, by the benchmark that makes them
+ADDED = ["ask_session.json", "digest.json", "model_load.json", "page_search.tiny-llama.json", "store_lifecycle.json"]
 COMMITTED = ["passkey.json", "passkey.prose.json", "graft_vs_recompute.json", "restore_ceiling.json",
              "fault_suite.json", "remote_tier.json", "memory_vs_context.tiny-llama.json",
              "memory_vs_context.tiny-llama.2854766.json", "memory_vs_context.smollm2.131k-fixed.pair.json",
              "memory_vs_context.smollm2.131k-fixed.per-head.pair.json", "memory_vs_context.smollm2.131k-own.pair.json",
              "memory_vs_context.smollm2.131k-own.per-head.pair.json", "library_demo.json",
-             *(f"longdoc_qa.{name}.json" for name in ("window", "news", "16k", "32k", "128k")), "ruler.json"]
+             *(f"longdoc_qa.{name}.json" for name in ("window", "news", "16k", "32k", "128k")), "ruler.json",
+             *ADDED]
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +128,20 @@ def test_a_recipe_added_later_says_so_and_names_the_rows_it_reproduced(made, tmp
     assert add_recipe(path, runner=_rerun_of(printed))["report_hashes_differ"] == ["tiered 6144 output ids"]
 
 
+def test_adding_a_recipe_changes_nothing_else_in_the_report(made, tmp_path):
+    _, report, _, printed = made
+    older = {k: v for k, v in report.items() if k != "recheck"}
+    older["groups"] = {"4": 0.8, "8": 0.99, "16": 1.0}  # nested keys in a written order, not sorted as strings
+    text = json.dumps(dict(sorted(older.items())), indent=1) + "\n"
+    path = tmp_path / "memory_vs_context.order.json"
+    path.write_text(text)
+    add_recipe(path, runner=_rerun_of(printed))
+    now = json.loads(path.read_text())
+    assert list(now) == sorted(now) and list(now["groups"]) == ["4", "8", "16"]
+    del now["recheck"]
+    assert json.dumps(now, indent=1) + "\n" == text
+
+
 def test_recipe_argv_gives_back_the_run_s_arguments():
     ap = memory_vs_context.parser()
     values = vars(ap.parse_args([*ARGS, "--position", "fixed", "--rate-window", "256", "--out", "x.json"]))
@@ -138,3 +160,57 @@ def test_committed_reports_carry_a_recipe(name):
     block = report["recheck"]
     if "recipe_added" in block:  # added after the report: its own domain, and what it reproduced of the rows
         assert isinstance(block["domain"], dict) and "report_hashes_reproduced" in block
+
+
+@pytest.mark.parametrize("name", ADDED)
+def test_an_added_recipe_is_the_benchmark_s_and_names_what_it_reproduced(name):
+    """The block holds the argv recipe_for_report gives (one torch thread), and its reproduced / differ lists
+    are exactly the report's own hashes (report_hashes) that the recipe's outputs equal / do not equal."""
+    report = load_report(REPO / "bench" / "results" / name)
+    module = importlib.import_module(f"bench.{name.split('.')[0]}")
+    block = report["recheck"]
+    assert block["argv"] == ["python", "-m", f"bench.{name.split('.')[0]}", *module.recipe_for_report(report, 1)]
+    own = module.report_hashes(report)
+    shared = {n for n in own if n in block["outputs"]}
+    assert shared and set(block["inputs"]) <= shared
+    assert set(block["report_hashes_reproduced"]) == {n for n in shared if block["outputs"][n] == own[n]}
+    assert set(block["report_hashes_differ"]) == shared - set(block["report_hashes_reproduced"])
+    assert block["relations"] and all(block["relations"].values())
+
+
+@pytest.mark.parametrize("module, args, relations", [
+    ("store_lifecycle", ["--shared", "2", "--own", "2", "--page-size", "16"], 5),
+    # 64 and 128 pages (tiled 2x): below FLAT_SCAN_BELOW, so this checks the recipe, not the candidate pass
+    ("page_search", ["--context", "8192", "--steps", "2", "--groups", "4", "--tile", "1,2", "--repeats", "1"], 2),
+])
+def test_a_small_run_s_recipe_replays_in_another_process(tmp_path, module, args, relations):
+    out = tmp_path / f"{module}.json"
+    proc = subprocess.run([sys.executable, "-m", f"bench.{module}", *args, "--threads", "1", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    block = report["recheck"]
+    assert block["argv"][:3] == ["python", "-m", f"bench.{module}"] and block["argv"][-1] == "--recheck-only"
+    assert "--out" not in block["argv"] and "--repeats" not in block["argv"]
+    result = recheck(out, runner=lambda argv, cwd: run_subprocess(argv, REPO))
+    assert result.ok and result.mode == "hash", result.to_dict()
+    assert result.count("relation") == (relations, relations)
+    assert result.count("hash") == (len(block["outputs"]), len(block["outputs"]))
+
+
+def test_digest_methods_give_their_references_output():
+    rng = np.random.default_rng(0)
+    payloads = [rng.integers(0, 256, 1 << 16, dtype=np.uint8).tobytes() for _ in range(3)]
+    inputs = {"token_ids_sha256": "t", "root_sha256": "r", "num_tokens": 3, "page_size": 1, "num_pages": 3,
+              "page_nbytes": 1 << 16, "nbytes": 3 << 16,
+              "payloads_sha256": hashlib.sha256(b"".join(payloads)).hexdigest()}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outputs = digest.method_outputs(digest.methods(payloads, pool))
+    hashes, names, relations = digest.recipe_hashes(inputs, outputs)
+    assert outputs["sha256"] == hashlib.sha256("".join(hashlib.sha256(p).hexdigest() for p in payloads)
+                                               .encode()).hexdigest()
+    assert len(relations) == len(outputs) - 2 and all(relations.values())  # all but sha256 and blake3 themselves
+    assert names == ["page count and sizes", "root page key", "token ids"]
+    assert hashes["page payloads"] == inputs["payloads_sha256"] == outputs["memcpy_pool"]
+    outputs["blake3_pool"] = outputs["sha256"]  # a method that gave another digest
+    assert [n for n, ok in digest.recipe_hashes(inputs, outputs)[2].items() if not ok] == ["blake3_pool = blake3"]
