@@ -23,6 +23,7 @@ must come back unchanged and every graft's continuation logits equal the recompu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -332,51 +333,44 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    hw = hardware()
-    domains: dict = {}
-    with tempfile.TemporaryDirectory(prefix="tieredkv-bench-remote-") as tmp:
-        server = None
-        if args.url is None:
-            from testkit.redis_server import RedisServer
+@contextlib.contextmanager
+def redis_url(url: str | None, tmp: str):
+    """`url`, else a redis-server started here for the run (stopped after it): (url, started here)."""
+    if url is not None:
+        yield url, False
+        return
+    from testkit.redis_server import RedisServer
 
-            server = RedisServer(Path(tmp) / "redis").start()
-            url = server.url
+    server = RedisServer(Path(tmp) / "redis").start()
+    try:
+        yield server.url, True
+    finally:
+        server.stop()
+
+
+def measure(args, tmp: str, domains: dict) -> tuple[dict, list, list]:
+    """(the server's info, the transfer rows or hashes, the graft rows) against `args.url` or a local server."""
+    with redis_url(args.url, tmp) as (url, started_here):
+        tier = RemoteTier(url)
+        server_info = {**tier.server_info(), "rtt_ms": round(1e3 * min(tier.ping() for _ in range(20)), 3),
+                       "started_here": started_here}
+        tier.close()
+        if args.recheck_only:
+            args.models = recipe_model(args.models)
+            transfer = transfer_hashes(url, args)
         else:
-            url = args.url
-        try:
-            tier = RemoteTier(url)
-            server_info = {**tier.server_info(), "rtt_ms": round(1e3 * min(
-                tier.ping() for _ in range(20)), 3), "started_here": server is not None}
-            tier.close()
-            if args.recheck_only:
-                args.models = recipe_model(args.models)
-                transfer = transfer_hashes(url, args)
-            else:
-                transfer = transfer_rows(url, args)
-            graft = graft_rows(url, args, Path(tmp), domains)
-        finally:
-            if server is not None:
-                server.stop()
+            transfer = transfer_rows(url, args)
+        return server_info, transfer, graft_rows(url, args, Path(tmp), domains)
+
+
+def check_grafts_equal(graft: list[dict]) -> None:
     for model in {r["model"] for r in graft}:
         shas = {r["continuation_logits_sha256"] for r in graft
                 if r["model"] == model and r["continuation_logits_sha256"]}
         assert len(shas) == 1, f"{model}: graft and recompute logits differ: {shas}"
-    model = recipe_model(args.models)
-    outputs, inputs, relations = recipe_hashes(transfer, graft, model)
-    if args.recheck_only:
-        print_recheck(outputs, domains[model], inputs, relations)
-        return 0
-    config = {k: v for k, v in vars(args).items() if k not in ("json", "out", "url", "recheck_only")}
-    report = {"hardware": hw, "server": server_info, "config": config,
-              "transfer": transfer, "graft": graft,
-              "seconds": round(time.perf_counter() - start, 1),
-              "recheck": recheck_block("bench.remote_tier", recipe_args(config, torch.get_num_threads()), outputs,
-                                       inputs=inputs, relations=relations, domain=domains[model])}
+
+
+def emit(report: dict, args) -> None:
     table = markdown(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -387,6 +381,28 @@ def main(argv=None) -> int:
         print()
     else:
         print(table)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    hw = hardware()
+    domains: dict = {}
+    with tempfile.TemporaryDirectory(prefix="tieredkv-bench-remote-") as tmp:
+        server_info, transfer, graft = measure(args, tmp, domains)
+    check_grafts_equal(graft)
+    model = recipe_model(args.models)
+    outputs, inputs, relations = recipe_hashes(transfer, graft, model)
+    if args.recheck_only:
+        print_recheck(outputs, domains[model], inputs, relations)
+        return 0
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "out", "url", "recheck_only")}
+    emit({"hardware": hw, "server": server_info, "config": config, "transfer": transfer, "graft": graft,
+          "seconds": round(time.perf_counter() - start, 1),
+          "recheck": recheck_block("bench.remote_tier", recipe_args(config, torch.get_num_threads()), outputs,
+                                   inputs=inputs, relations=relations, domain=domains[model])}, args)
     return 0
 
 
