@@ -58,8 +58,7 @@ from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_p
 # 4k and 8k fit the model's 8,192-token window with the frame, a question and its answer
 LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_072}
 SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", "tiered-attend-words", *BUDGET_SYSTEMS,
-           "ceiling", "bm25",
-           "truncation", "full", "signals")
+           "ceiling", "bm25", "truncation", "full", "signals")
 # the tiered path with its question-time step chosen, whatever the length: the reading (QA_READING), the
 # reading with the model judging 3 candidate places, or none (attention over the stored pages)
 FORCED = {"tiered-read": "read", "tiered-judge": "read:candidates=3", "tiered-attend": "none",

@@ -341,11 +341,8 @@ def redis_url(url: str | None, tmp: str):
         return
     from testkit.redis_server import RedisServer
 
-    server = RedisServer(Path(tmp) / "redis").start()
-    try:
+    with RedisServer(Path(tmp) / "redis") as server:
         yield server.url, True
-    finally:
-        server.stop()
 
 
 def measure(args, tmp: str, domains: dict) -> tuple[dict, list, list]:

@@ -165,6 +165,7 @@ def plot(rows: list[dict], path) -> None:
             ax.scatter([d["share"]], [d["recall"]], marker=MARKED[d["system"]], color=line[0].get_color())
             ax.annotate(f"{d['system']} ({n // 1000}K)", (d["share"], d["recall"]), fontsize=7,
                         xytext=(6, 8 * i - 12), textcoords="offset points", color=line[0].get_color())
+        for d in s:
             if d["context"] == n and d["system"] == "qa":
                 ax.axhline(d["recall"], ls=":", color=line[0].get_color(), lw=1)
     ax.set_xscale("log")
