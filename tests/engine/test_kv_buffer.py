@@ -204,3 +204,30 @@ def test_in_place_arrange_rewrites_only_the_keys_of_a_page_that_moved():
     calls = _arrange_in_place(buf, sel, (200, 203))
     assert sorted(calls[0]) == [2, 9] and buf.views()[2].tolist().index(24) == where
     assert buf.num_hole_tokens == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_batched_slot_writes_are_the_per_slot_writes(dtype):
+    """`_write_slots` copies every slot at once (split + _foreach_copy_): the same bytes and positions as a
+    slice assignment per slot, whatever the order of the slots' starts; K/V of another dtype are converted."""
+    keys = [SlotKey(s, s + 8, off, 0, 0) for s, off in ((40, 0), (0, 3), (96, 0), (8, 1), (200, 0))]
+    starts = [70, 10, 30, 18, 50]  # disjoint runs, not in order
+    gen = torch.Generator().manual_seed(0)
+    for src_dtype in (dtype, torch.float32 if dtype != torch.float32 else torch.float64):
+        kvs = [(torch.randn(H, k.num_tokens, D, generator=gen).to(src_dtype),
+                torch.randn(H, k.num_tokens, D, generator=gen).to(src_dtype)) for k in keys]
+        bufs = [WorkingSetBuffer(H, D, dtype, "cpu") for _ in range(2)]
+        for b in bufs:
+            b._make_room(100)
+            b.pos.fill_(-7), b.k.zero_(), b.v.zero_()
+        bufs[0]._write_slots(keys, starts, kvs)
+        for key, dst, kv in zip(keys, starts, kvs):  # one by one: the reference
+            bufs[1]._write_slots([key], [dst], [kv])
+        a, b = bufs
+        as_int = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(a.k.view(as_int), b.k.view(as_int)) and torch.equal(a.v.view(as_int), b.v.view(as_int))
+        assert torch.equal(a.pos, b.pos) and a.num_copied_tokens == b.num_copied_tokens == sum(
+            k.num_tokens for k in keys)
+        dst, key = starts[1], keys[1]
+        assert torch.equal(a.pos[dst:dst + key.num_tokens], torch.arange(3, 8))
+        assert torch.equal(a.k[0, :, dst:dst + key.num_tokens], kvs[1][0].to(dtype))

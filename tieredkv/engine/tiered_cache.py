@@ -416,14 +416,41 @@ class TieredCache(Cache):
     def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """K, V ([Hkv, n, D]) of `parts` as attention reads them: from `offset` on, keys moved by their shift."""
-        pin = {(self.page_keys[s.page_id], layer_idx) for s, _ in parts}
         ks, vs = [], []
-        for s, off in parts:
-            k, v = self.page_kv(s.page_id, layer_idx, pin)
-            ks.append(k[:, off:]), vs.append(v[:, off:])
+        for (s, off), (k, v) in zip(parts, self.page_kvs([s.page_id for s, _ in parts], layer_idx)):
+            ks.append(k[:, off:] if off else k), vs.append(v[:, off:] if off else v)
         if shifts:
             self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
         return list(zip(ks, vs))
+
+    def page_kvs(self, page_ids: list[int], layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`page_kv` of each page at one layer, the device tier holding all of them at once: the stored pages
+        through one `PageStore.fetch_layers` (the same bytes as one `fetch_layer` per page, fewer calls)."""
+        written, keys = self.num_written, self.page_keys
+        out: list = [None] * len(page_ids)
+        stored: list[int] = []  # indices of `page_ids` read from the store
+        for i, page_id in enumerate(page_ids):
+            if self.reads_reencoded(page_id, layer) or page_id >= written:
+                out[i] = self.page_kv(page_id, layer)
+            else:
+                stored.append(i)
+        if not stored:
+            return out
+        device, debug = self.store.device_tier, log.isEnabledFor(logging.DEBUG)
+        fetch = [keys[page_ids[i]] for i in stored]
+        for i, key in zip(stored, fetch):
+            hit = device.contains((key, layer))
+            self.fetch_counts["device_hits"] += hit
+            if not hit:
+                self.prefetcher.wait(key)
+            if debug:
+                log.debug("layer %d: page %d %s", layer, page_ids[i], "on the device" if hit else "fetched from host/LMDB")
+        self.fetch_counts["fetches"] += len(stored)
+        # the other pages' stored entries stay too, as they did when each page was fetched with all of them pinned
+        pin = {(keys[p], layer) for p in page_ids if p < len(keys)} if len(stored) < len(page_ids) else ()
+        for i, kv in zip(stored, self.store.fetch_layers(fetch, layer, pin=pin)):
+            out[i] = kv
+        return out
 
     def last_selection(self, layer_idx: int) -> list[int]:
         """Page ids of the layer's most recent working set (sealed pages only), position order."""
