@@ -417,7 +417,7 @@ class TieredCache(Cache):
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """K, V ([Hkv, n, D]) of `parts` as attention reads them: from `offset` on, keys moved by their shift."""
         ks, vs = [], []
-        for (s, off), (k, v) in zip(parts, self.page_kvs([s.page_id for s, _ in parts], layer_idx)):
+        for (_, off), (k, v) in zip(parts, self.page_kvs([s.page_id for s, _ in parts], layer_idx)):
             ks.append(k[:, off:] if off else k), vs.append(v[:, off:] if off else v)
         if shifts:
             self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
@@ -444,7 +444,8 @@ class TieredCache(Cache):
             if not hit:
                 self.prefetcher.wait(key)
             if debug:
-                log.debug("layer %d: page %d %s", layer, page_ids[i], "on the device" if hit else "fetched from host/LMDB")
+                log.debug("layer %d: page %d %s", layer, page_ids[i],
+                          "on the device" if hit else "fetched from host/LMDB")
         self.fetch_counts["fetches"] += len(stored)
         # the other pages' stored entries stay too, as they did when each page was fetched with all of them pinned
         pin = {(keys[p], layer) for p in page_ids if p < len(keys)} if len(stored) < len(page_ids) else ()
