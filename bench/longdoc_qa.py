@@ -9,6 +9,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
     tiered      the tiered path exactly as `tieredkv qa` runs it (tieredkv.question.qa: ingest once, graft,
                 question-time reading with the library's defaults for this length)
     tiered-read     the same with the question-time reading at any length (inside the window too)
+    tiered-read-page  the reading with its place found by the best single page (ReadingConfig.run_pages=1)
     tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
     ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc_budget.py)
     tiered-attend   the same with no question-time step: attention over the stored pages
@@ -57,12 +58,13 @@ from tieredkv.question.qa import DEFAULT_MAX_NEW_TOKENS, open_document, prompt_p
 
 # 4k and 8k fit the model's 8,192-token window with the frame, a question and its answer
 LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_072}
-SYSTEMS = ("tiered", "tiered-read", "tiered-judge", "tiered-attend", "tiered-attend-words", *BUDGET_SYSTEMS,
-           "ceiling", "bm25", "truncation", "full", "signals")
+SYSTEMS = ("tiered", "tiered-read", "tiered-read-page", "tiered-judge", "tiered-attend", "tiered-attend-words",
+           *BUDGET_SYSTEMS, "ceiling", "bm25", "truncation", "full", "signals")
 # the tiered path with its question-time step chosen, whatever the length: the reading (QA_READING), the
-# reading with the model judging 3 candidate places, or none (attention over the stored pages)
-FORCED = {"tiered-read": "read", "tiered-judge": "read:candidates=3", "tiered-attend": "none",
-          "tiered-attend-words": "none:lexical"}
+# reading with its place chosen by the best single page (the earlier default), the reading with the model judging
+# 3 candidate places, or none (attention over the stored pages)
+FORCED = {"tiered-read": "read", "tiered-read-page": "read:run_pages=1", "tiered-judge": "read:candidates=3",
+          "tiered-attend": "none", "tiered-attend-words": "none:lexical"}
 # "signals" answers nothing: it ranks the document's pages for the question by each signal the reading
 # could use, and records where the answer page lands (rank 1 = first).
 CEILING_TOKENS = 512
@@ -224,7 +226,8 @@ def parse_variant(spec: str) -> dict:
         return {"reading": None, "reencode_pages": int(spec.split("=")[1])}
     if spec.startswith("read"):
         kw = dict(part.split("=") for part in spec.partition(":")[2].split(",") if part)
-        conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int, "candidates": int}
+        conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int, "candidates": int,
+                "run_pages": int}
         from tieredkv.question.qa import QA_READING
 
         return {"reading": dataclasses.replace(QA_READING, **{k: conv[k](v) for k, v in kw.items()})}

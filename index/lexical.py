@@ -62,5 +62,34 @@ class BM25Index:
         return out
 
 
+    def run_scores(self, query: str, pages: int) -> np.ndarray:
+        """[N - pages + 1] float64 BM25 of `query` over each run of `pages` consecutive pages (run i: pages i
+        to i + pages - 1) scored as one passage: counts summed over the run, lengths normalised by the mean
+        run's, idf over pages. A run is one passage of the length a question reads, so a run where several of
+        the question's words meet outscores a page where one of them repeats (BM25 saturates repeats).
+        `pages` >= the page count: one run of every page. `pages` = 1: `scores`."""
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1:
+            raise ValueError(f"pages must be an int >= 1, got {pages!r}")
+        n = len(self.counts)
+        pages = min(pages, n)
+        m = n - pages + 1
+        if n == 0:
+            return np.zeros(0, dtype=np.float64)
+
+        def summed(per_page: np.ndarray) -> np.ndarray:  # [m]: the sum over each run
+            c = np.concatenate([[0.0], np.cumsum(per_page)])
+            return c[pages:] - c[:m]
+
+        lengths = summed(self.lengths)
+        norm = self.k1 * (1 - self.b + self.b * lengths / max(float(lengths.mean()), 1.0))
+        out = np.zeros(m, dtype=np.float64)
+        for w in set(words(query)):
+            idf = self.idf.get(w)
+            if idf is not None:
+                tf = summed(np.array([c.get(w, 0) for c in self.counts], dtype=np.float64))
+                out += idf * tf * (self.k1 + 1) / (tf + norm)
+        return out
+
+
 def bm25_scores(texts: Sequence[str], query: str) -> np.ndarray:
     return BM25Index(texts).scores(query)

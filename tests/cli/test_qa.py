@@ -75,3 +75,15 @@ def test_select_lexical_needs_the_reading_off_and_then_answers(tmp_path, capsys)
     assert main([*base, *small]) == 0
     [answer] = _jsonl(capsys)
     assert answer["question"] == "What is the secret colour?" and answer["context"] == "ingested"
+
+
+def test_read_run_pages_flag(tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC * 40)
+    base = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--store", str(tmp_path / "s"), "--question",
+            "What is the secret colour?", "--max-new-tokens", "2", "--json", "--quiet", "--page-size", "32"]
+    assert main([*base, "--read-run-pages", "0"]) == 2
+    assert "--read-run-pages" in capsys.readouterr().err
+    assert main([*base, "--read-run-pages", "1"]) == 0
+    [answer] = _jsonl(capsys)
+    assert answer["question"] == "What is the secret colour?"

@@ -1,6 +1,9 @@
 """Question-time reading (TieredConfig.reading): ranking, choosing, and reading the chosen pages afresh."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
@@ -8,7 +11,19 @@ from index.lexical import BM25Index, words
 from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
 from tieredkv.engine.working_set import Span
-from tieredkv.question.reading import CompactReading, centre, fragments, fuse, merge, rank, word_weights
+from tieredkv.question.reading import (
+    CompactReading,
+    centre,
+    fragments,
+    fuse,
+    lexical_runs,
+    lexical_scores,
+    merge,
+    places,
+    rank,
+    run_pages,
+    word_weights,
+)
 
 READ = ReadingConfig(passages=1, passage_tokens=96, signal="lexical")
 FIXED = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1, position="fixed")
@@ -26,6 +41,55 @@ def test_bm25_prefers_the_rare_word_and_shorter_pages():
     assert BM25Index(texts).scores("").tolist() == [0, 0, 0, 0]
     with pytest.raises(ValueError):
         BM25Index(texts, b=2)
+
+
+def test_bm25_over_runs_of_pages():
+    texts = ["koala", "quokka wombat quokka wombat", "filler", "zebra", "quokka filler wombat", "filler"]
+    index = BM25Index(texts)
+    q = "quokka wombat zebra"
+    assert np.array_equal(index.run_scores(q, 1), index.scores(q))  # a run of one page is the page
+    runs = index.run_scores(q, 2)  # run i: pages i and i + 1
+    assert len(runs) == 5 and runs.argmax() == 3  # where all three words meet, not where two of them repeat
+    assert index.scores(q).argmax() == 1
+    assert index.run_scores(q, 99).shape == (1,)  # more pages than the index holds: one run of them all
+    assert BM25Index([]).run_scores(q, 2).shape == (0,)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="pages"):
+            index.run_scores(q, bad)
+
+
+class _WordCodec:
+    VOCAB = ["x", "quokka", "wombat", "zebra"]
+
+    def decode(self, ids):
+        return "".join(" " + self.VOCAB[i] for i in ids)
+
+
+def _word_cache(pages: list[list[int]]) -> SimpleNamespace:
+    ids = [t for p in pages for t in p]
+    n = len(pages[0])
+    spans = [Span(i, n * i, n * i + n) for i in range(len(pages))]
+    return SimpleNamespace(spans=spans, lexical_index=None, page_token_ids=lambda p: ids[n * p:n * p + n])
+
+
+def test_a_passage_goes_where_the_question_words_meet():
+    """Page 2 repeats two of the question's words; all three meet across pages 7 and 8. Pages scored alone
+    read page 2 first; runs as long as the passage read pages 7 and 8."""
+    pages = [[0] * 4 for _ in range(12)]
+    pages[2], pages[7], pages[8] = [1, 2, 1, 2], [0, 0, 0, 3], [1, 0, 2, 0]
+    cache, codec, q, cands = _word_cache(pages), _WordCodec(), "quokka wombat zebra", list(range(12))
+    by_page = rank(cands, {}, lexical_scores(cache, cands, q, codec), "lexical")
+    by_run = rank(cands, {}, lexical_runs(cache, cands, q, codec, 2), "lexical")
+    assert by_page[0] == 2 and by_run[0] == 7
+    assert places(cache, by_page, q, 1, 8, codec, first=0, end=48) == [(5, 13)]
+    assert places(cache, by_run, q, 1, 8, codec, first=0, end=48, run=2) == [(28, 36)]  # all three words
+    # a second place never overlaps the first: the runs starting at pages 6 and 8 are passed over
+    assert places(cache, by_run, q, 2, 8, codec, first=0, end=48, run=2) == [(28, 36), (5, 13)]
+    assert run_pages(ReadingConfig(passage_tokens=512), 128) == 4
+    assert run_pages(ReadingConfig(passage_tokens=512, run_pages=1), 128) == 1
+    assert run_pages(ReadingConfig(passage_tokens=512, signal="hybrid"), 128) == 1  # attention ranks pages
+    with pytest.raises(ValueError, match="run_pages"):
+        ReadingConfig(run_pages=0)
 
 
 def test_ranking_fusion():

@@ -40,7 +40,8 @@ def _config_fields(args) -> dict:
     if args.retrieval is not None:
         fields["retrieval"] = args.retrieval
     reading_flags = {k: v for k, v in (("passages", args.read_passages), ("passage_tokens", args.read_tokens),
-                                       ("signal", args.read_signal), ("candidates", args.read_candidates))
+                                       ("signal", args.read_signal), ("candidates", args.read_candidates),
+                                       ("run_pages", args.read_run_pages))
                      if v is not None}
     if args.reencode_pages and args.read_passages:
         raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages "
@@ -245,6 +246,9 @@ def register(sub) -> None:
     r.add_argument("--read-candidates", type=positive_int,
                    help=f"places considered; more than --read-passages: the model judges which to read, by the "
                         f"question's likelihood after each (default {QA_READING.candidates})")
+    r.add_argument("--read-run-pages", type=positive_int,
+                   help="the lexical signal scores runs of this many pages, each as one passage (default: as many "
+                        "as --read-tokens spans; 1: each page alone)")
     r.add_argument("--select", choices=SELECTIONS,
                    help="with --read-passages 0, over a document larger than the working set: how the question "
                         "chooses the stored pages it attends to (attention, the default: each step scores the pages' "

@@ -41,10 +41,15 @@ class ReadingConfig:
     # Places considered: with more than `passages`, the model judges which to read (the question most
     # likely after the passage; one forward per candidate). 1: the signal's best places, unjudged.
     candidates: int = 1
+    # The lexical signal scores runs of this many consecutive pages, each as one passage (BM25 over their
+    # joined text), so that a place where several of the question's words meet outranks a page where one of
+    # them repeats. None: as many pages as one passage spans; 1: each page alone.
+    run_pages: int | None = None
 
     def __post_init__(self):
         check_ints(self, {"passages": (1, MAX_COUNT), "passage_tokens": (1, MAX_COUNT),
-                          "frame_tokens": (0, MAX_COUNT), "candidates": (1, MAX_COUNT)})
+                          "frame_tokens": (0, MAX_COUNT), "candidates": (1, MAX_COUNT),
+                          "run_pages": (1, MAX_COUNT)})
         if self.signal not in READING_SIGNALS:
             raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
 

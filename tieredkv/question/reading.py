@@ -2,14 +2,15 @@
 answer is, and read those passages afresh, together, right before the question.
 
     rank     the document's pages, over the stored pages, by
-               lexical    BM25 of the question's words over the page's text (its token ids, decoded)
+               lexical    BM25 of the question's words over the text (its token ids, decoded) of each run
+                          of consecutive pages as long as a passage, the run named by its first page
                attention  a probe forward of the question over a throwaway copy of the context: how
                           many layers retrieve the page (each layer: the union of its KV heads' top-k
                           by the page index, as attention itself retrieves)
                hybrid     both, fused by reciprocal rank (Cormack et al. 2009)
-    place    in each of the best `passages` pages, the point where the question's words are densest
-             (each matching word weighted by its BM25 idf); a passage is the `passage_tokens` tokens
-             centred there, which may reach into the neighbouring pages
+    place    in each of the best `passages` runs (a page, for the attention signals), the point where
+             the question's words are densest (each matching word weighted by its BM25 idf); a passage
+             is the `passage_tokens` tokens centred there, which may reach into the neighbouring pages
     read     the context's frame (its first `frame_tokens` tokens, else the sink page) and the
              passages, computed afresh by the model in document order and packed right before the
              question, so that the question reads them as one short document; attention then sees
@@ -47,7 +48,7 @@ class Reading:
 
     passages: list[tuple[int, int]]  # token ranges [first, end) read, own positions, document order
     pages: list[int]  # the pages those ranges touch
-    ranked: list[int]  # pages the signal scored, best first
+    ranked: list[int]  # pages the signal scored (lexical: the first page of each run), best first
     attention_votes: dict[int, int] = field(default_factory=dict)
     lexical_scores: dict[int, float] = field(default_factory=dict)
     # the places the model judged (ReadingConfig.candidates > passages), best place first, and their scores
@@ -77,6 +78,13 @@ def lexical_scores(cache, candidates: Sequence[int], query: str, codec) -> dict[
     """Page id -> BM25 of `query`'s words over the page's text (pages where none occurs are left out)."""
     scores = lexical_index(cache, codec).scores(query)
     return {p: float(scores[p]) for p in candidates if scores[p] > 0}
+
+
+def lexical_runs(cache, candidates: Sequence[int], query: str, codec, run: int) -> dict[int, float]:
+    """First page -> BM25 of `query`'s words over the run of `run` pages from it, for runs starting at a candidate
+    (runs where none occurs are left out; with fewer pages than `run`, the one run of them all)."""
+    scores = lexical_index(cache, codec).run_scores(query, run)
+    return {p: float(scores[p]) for p in candidates if p < len(scores) and scores[p] > 0}
 
 
 def lexical_pages(cache, query: str, k: int, codec) -> list[int] | None:
@@ -135,23 +143,26 @@ def centre(weights: Sequence[float], width: int) -> int:
 
 
 def places(cache, ranked: Sequence[int], query: str, count: int, width: int, codec, *,
-           first: int, end: int) -> list[tuple[int, int]]:
+           first: int, end: int, run: int = 1) -> list[tuple[int, int]]:
     """Token ranges [a, b) (own positions, within [first, end)) of up to `count` passages of `width` tokens,
-    best page first: each centred where the question's words are densest in and around one of the best pages."""
+    best run first (`ranked`: the first page of each run of `run` pages): each centred where the question's
+    words are densest in and around one of the best runs. A run that overlaps a passage already placed is
+    passed over (the places read are distinct)."""
     index = lexical_index(cache, codec)
     weights = {w: index.idf.get(w, 0.0) for w in set(_WORD.findall(query.lower())) if w not in STOPWORDS}
     spans, out = cache.spans, []
     for p in ranked:
         if len(out) == count:
             break
-        if any(a <= spans[p].start and spans[p].end <= b for a, b in out):
-            continue  # already read whole
-        lo_page, hi_page = max(0, p - 1), min(len(spans), p + 2)
+        last = min(len(spans), p + run) - 1
+        if any(a < spans[last].end and spans[p].start < b for a, b in out):
+            continue
+        lo_page, hi_page = max(0, p - 1), min(len(spans), last + 2)
         ids = [t for q in range(lo_page, hi_page) for t in cache.page_token_ids(q)]
         around = spans[lo_page].start  # own position of ids[0]
         dense = word_weights([codec.decode([t]) for t in ids], weights)
-        # the centre lies in page p (its neighbours only widen the window the passage may use)
-        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], width)
+        # the centre lies in the run (its neighbours only widen the window the passage may use)
+        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[last].end - around], width)
         a = max(first, min(around + c - width // 2, end - width))
         out.append((a, min(end, a + width)))
     return out
@@ -222,6 +233,14 @@ class CompactReading(PlacementPolicy):
         return {}  # re-encoded keys were computed where they sit; the question's pages are at their own
 
 
+def run_pages(config: ReadingConfig, page_size: int) -> int:
+    """Pages the lexical signal scores as one run: `config.run_pages`, else as many as one passage spans; one
+    (each page alone) for the signals that rank pages by attention."""
+    if config.signal != "lexical":
+        return 1
+    return config.run_pages or max(1, config.passage_tokens // page_size)
+
+
 def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec) -> Reading:
     """Find the question's passages, read them afresh right before it (the frame first), and make
     attention see only them and the question (`CompactReading`)."""
@@ -233,10 +252,12 @@ def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, co
     frame = min(frame, end)
     candidates = [s.page_id for s in spans if s.end > frame]
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}
-    words = lexical_scores(cache, candidates, query, codec) if config.signal in ("lexical", "hybrid") else {}
+    run = run_pages(config, cache.page_size)
+    words = {} if config.signal == "attention" else (lexical_runs(cache, candidates, query, codec, run)
+                                                     if run > 1 else lexical_scores(cache, candidates, query, codec))
     ranked = rank(candidates, votes, words, config.signal)
     found = places(cache, ranked, query, max(config.passages, config.candidates), config.passage_tokens, codec,
-                   first=frame, end=end)
+                   first=frame, end=end, run=run)
     judged = likelihoods(cache, frame, found, prompt_ids) if len(found) > config.passages else []
     if judged:
         found = [r for _, r in sorted(zip(judged, found), key=lambda x: -x[0])]  # stable: ties keep the signal's order
