@@ -5,7 +5,9 @@
 For every question of bench/longdoc_qa.py's two sets at every length, the document's 128-token pages are
 ranked and one 512-token passage placed: `page`, BM25 over single pages, the passage centred where the
 question's words are densest in and around the best page (the earlier default); `run`, BM25 over each run of 4
-pages, centred in the best run (tieredkv/question/reading.py now); `run-exact`, the best run itself;
+pages, the passage centred as `page` centres it in the run's best page by BM25 over pages alone
+(tieredkv/question/reading.py now); `run-centred`, centred where the words are densest in the whole best run;
+`run-exact`, the best run itself;
 `run-fine`, inside the best run and a page either side, the 512-token passage (every 16 tokens) with the highest
 BM25. A choice is counted when the passage holds the whole evidence sentence. Inputs are hashed as
 bench/longdoc_qa.py hashes them.
@@ -103,8 +105,34 @@ def choose_fine(cache, question: str, frame: int, codec, stride: int = 16) -> tu
     return a, min(end, a + WIDTH)
 
 
+def choose_run_centred(cache, question: str, frame: int, codec) -> tuple[int, int]:
+    """The best run of WIDTH // PAGE pages by BM25 over the run, the passage centred where the question's words
+    are densest in the whole run (the first version of the change; it answered fewer at 8K)."""
+    import numpy as np
+    from index.lexical import STOPWORDS
+
+    k = WIDTH // PAGE
+    index = reading.lexical_index(cache, codec)
+    scores = index.run_scores(question, k)
+    first_page = next(s.page_id for s in cache.spans if s.end > frame)
+    scores[:first_page] = -1
+    i, spans, end = int(np.argmax(scores)), cache.spans, cache.sealed_upto
+    if scores[i] <= 0:
+        return max(frame, end - WIDTH), end
+    last = min(i + k, len(spans)) - 1
+    lo_page, hi_page = max(0, i - 1), min(len(spans), last + 2)
+    weights = {w: index.idf.get(w, 0.0) for w in set(reading._WORD.findall(question.lower())) if w not in STOPWORDS}
+    ids = [t for q in range(lo_page, hi_page) for t in cache.page_token_ids(q)]
+    around = spans[lo_page].start
+    dense = reading.word_weights([codec.decode([t]) for t in ids], weights)
+    c = spans[i].start - around + reading.centre(dense[spans[i].start - around:spans[last].end - around], WIDTH)
+    a = max(frame, min(around + c - WIDTH // 2, end - WIDTH))
+    return a, min(end, a + WIDTH)
+
+
 VARIANTS = {"page": lambda *x: choose(*x, run=1),  # the earlier default
             "run": lambda *x: choose(*x, run=WIDTH // PAGE),  # the default now (reading.run_pages)
+            "run-centred": choose_run_centred,
             "run-exact": choose_run_exact,
             "run-fine": choose_fine}
 

@@ -74,7 +74,7 @@ def _word_cache(pages: list[list[int]]) -> SimpleNamespace:
 
 def test_a_passage_goes_where_the_question_words_meet():
     """Page 2 repeats two of the question's words; all three meet across pages 7 and 8. Pages scored alone
-    read page 2 first; runs as long as the passage read pages 7 and 8."""
+    read page 2 first; runs as long as the passage read pages 7 and 8, centred in the run's best page (8)."""
     pages = [[0] * 4 for _ in range(12)]
     pages[2], pages[7], pages[8] = [1, 2, 1, 2], [0, 0, 0, 3], [1, 0, 2, 0]
     cache, codec, q, cands = _word_cache(pages), _WordCodec(), "quokka wombat zebra", list(range(12))
@@ -82,9 +82,9 @@ def test_a_passage_goes_where_the_question_words_meet():
     by_run = rank(cands, {}, lexical_runs(cache, cands, q, codec, 2), "lexical")
     assert by_page[0] == 2 and by_run[0] == 7
     assert places(cache, by_page, q, 1, 8, codec, first=0, end=48) == [(5, 13)]
-    assert places(cache, by_run, q, 1, 8, codec, first=0, end=48, run=2) == [(28, 36)]  # all three words
+    assert places(cache, by_run, q, 1, 8, codec, first=0, end=48, run=2) == [(29, 37)]  # all three words
     # a second place never overlaps the first: the runs starting at pages 6 and 8 are passed over
-    assert places(cache, by_run, q, 2, 8, codec, first=0, end=48, run=2) == [(28, 36), (5, 13)]
+    assert places(cache, by_run, q, 2, 8, codec, first=0, end=48, run=2) == [(29, 37), (5, 13)]
     assert run_pages(ReadingConfig(passage_tokens=512), 128) == 4
     assert run_pages(ReadingConfig(passage_tokens=512, run_pages=1), 128) == 1
     assert run_pages(ReadingConfig(passage_tokens=512, signal="hybrid"), 128) == 1  # attention ranks pages

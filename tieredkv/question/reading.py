@@ -8,9 +8,10 @@ answer is, and read those passages afresh, together, right before the question.
                           many layers retrieve the page (each layer: the union of its KV heads' top-k
                           by the page index, as attention itself retrieves)
                hybrid     both, fused by reciprocal rank (Cormack et al. 2009)
-    place    in each of the best `passages` runs (a page, for the attention signals), the point where
-             the question's words are densest (each matching word weighted by its BM25 idf); a passage
-             is the `passage_tokens` tokens centred there, which may reach into the neighbouring pages
+    place    in the best page of each of the best `passages` runs (by BM25 over pages alone; for the
+             attention signals, each of the best pages), the point where the question's words are densest
+             (each matching word weighted by its BM25 idf); a passage is the `passage_tokens` tokens
+             centred there, which may reach into the neighbouring pages
     read     the context's frame (its first `frame_tokens` tokens, else the sink page) and the
              passages, computed afresh by the model in document order and packed right before the
              question, so that the question reads them as one short document; attention then sees
@@ -146,23 +147,25 @@ def places(cache, ranked: Sequence[int], query: str, count: int, width: int, cod
            first: int, end: int, run: int = 1) -> list[tuple[int, int]]:
     """Token ranges [a, b) (own positions, within [first, end)) of up to `count` passages of `width` tokens,
     best run first (`ranked`: the first page of each run of `run` pages): each centred where the question's
-    words are densest in and around one of the best runs. A run that overlaps a passage already placed is
-    passed over (the places read are distinct)."""
+    words are densest in and around the run's best page (BM25 over pages alone; ties: the earlier page).
+    A run that overlaps a passage already placed is passed over (the places read are distinct)."""
     index = lexical_index(cache, codec)
     weights = {w: index.idf.get(w, 0.0) for w in set(_WORD.findall(query.lower())) if w not in STOPWORDS}
+    page_scores = index.scores(query) if run > 1 else None
     spans, out = cache.spans, []
-    for p in ranked:
+    for r in ranked:
         if len(out) == count:
             break
-        last = min(len(spans), p + run) - 1
-        if any(a < spans[last].end and spans[p].start < b for a, b in out):
+        last = min(len(spans), r + run) - 1
+        if any(a < spans[last].end and spans[r].start < b for a, b in out):
             continue
-        lo_page, hi_page = max(0, p - 1), min(len(spans), last + 2)
+        p = r if page_scores is None else max(range(r, last + 1), key=lambda q: (page_scores[q], -q))
+        lo_page, hi_page = max(0, p - 1), min(len(spans), p + 2)
         ids = [t for q in range(lo_page, hi_page) for t in cache.page_token_ids(q)]
         around = spans[lo_page].start  # own position of ids[0]
         dense = word_weights([codec.decode([t]) for t in ids], weights)
-        # the centre lies in the run (its neighbours only widen the window the passage may use)
-        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[last].end - around], width)
+        # the centre lies in page p (its neighbours only widen the window the passage may use)
+        c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], width)
         a = max(first, min(around + c - width // 2, end - width))
         out.append((a, min(end, a + width)))
     return out
