@@ -61,7 +61,6 @@ class BM25Index:
             out += idf * tf * (self.k1 + 1) / (tf + norm)
         return out
 
-
     def run_scores(self, query: str, pages: int) -> np.ndarray:
         """[N - pages + 1] float64 BM25 of `query` over each run of `pages` consecutive pages (run i: pages i
         to i + pages - 1) scored as one passage: counts summed over the run, lengths normalised by the mean

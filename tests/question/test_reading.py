@@ -150,6 +150,18 @@ def test_a_question_reads_a_passage_afresh_and_attends_only_to_it(tiny_model, tm
         assert type(tm.cache.policy).__name__ == "FixedDistance" and not tm.cache.reencoded
 
 
+def test_a_document_shorter_than_a_run_is_ranked_as_one_run(tiny_model, tmp_path):
+    lm = tiny_model("tiny-llama")
+    doc = _ids(96, 4)  # 3 pages of 32; the frame covers page 0, so pages 1 and 2 are the candidates
+    needle = lm.codec.encode(" zebra quokka ")
+    doc[70:70 + len(needle)] = needle
+    reading = ReadingConfig(passages=1, passage_tokens=128, signal="lexical", frame_tokens=40)  # runs of 4 pages
+    with tiered(lm, tmp_path, TieredConfig(**FIXED, reading=reading)) as tm:
+        tm.ingest(doc)
+        tm.generate(lm.codec.encode("quokka?"), max_new_tokens=1, question="where is the quokka")
+        assert tm.last_reading.ranked == [1] and tm.last_reading.lexical_scores.keys() == {1}
+
+
 def test_a_question_without_a_matching_word_reads_the_document_end(tiny_model, tmp_path):
     with tiered(tiny_model("tiny-llama"), tmp_path, TieredConfig(**FIXED, reading=READ)) as tm:
         tm.ingest(_ids(700, 4))

@@ -255,7 +255,7 @@ def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, co
     frame = min(frame, end)
     candidates = [s.page_id for s in spans if s.end > frame]
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}
-    run = run_pages(config, cache.page_size)
+    run = max(1, min(run_pages(config, cache.page_size), len(candidates)))  # a short document: one run of it all
     words = {} if config.signal == "attention" else (lexical_runs(cache, candidates, query, codec, run)
                                                      if run > 1 else lexical_scores(cache, candidates, query, codec))
     ranked = rank(candidates, votes, words, config.signal)
