@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .errors import PagingError
-from .page import Page, PageHeader, _check_little_endian
+from .page import Page, PageHeader, check_little_endian
 from .tier import Tier
 
 
@@ -114,7 +114,7 @@ class HostTier(Tier):
             raise IndexError(f"layer {layer} out of range 0..{lay.num_layers - 1}")
         n = lay.layer_nbytes(t)
         # NOTE: a writable copy of the slice: frombuffer on the immutable payload would alias read-only memory
-        _check_little_endian()
+        check_little_endian()
         buf = bytearray(memoryview(page.payload)[layer * n:(layer + 1) * n])
         return torch.frombuffer(buf, dtype=lay.torch_dtype).view(2, lay.num_kv_heads, t, lay.head_dim).unbind(0)
 

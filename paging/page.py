@@ -75,7 +75,7 @@ def _check_hex64(name: str, value: Any) -> str:
     return value
 
 
-def _check_little_endian() -> None:
+def check_little_endian() -> None:
     if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
         raise PagingError("page payloads are little-endian; this host is big-endian, "
                           "which paging does not support")
@@ -149,7 +149,7 @@ class Page(PageHeader):
 
         keys[l], values[l]: [Hkv, T, D] (or [1, Hkv, T, D]) of `layout.torch_dtype`.
         """
-        _check_little_endian()
+        check_little_endian()
         ids = tuple(int(t) for t in token_ids)
         num_tokens = len(ids)
         if not 1 <= num_tokens <= layout.page_size:
@@ -184,7 +184,7 @@ class Page(PageHeader):
     def _tensors(self, offset: int, num_layers: int,
                  device: torch.device | str | None) -> torch.Tensor:
         """Fresh tensor [num_layers, 2, Hkv, T, D] copied from payload[offset:]."""
-        _check_little_endian()
+        check_little_endian()
         lay, t = self.layout, self.num_tokens
         n = num_layers * lay.layer_nbytes(t)
         # NOTE: copy only the needed slice into a writable buffer; frombuffer on the
