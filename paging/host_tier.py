@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .errors import PagingError
-from .page import Page, PageHeader, check_little_endian
+from .page import Page, PageHeader
 from .tier import Tier
 
 
@@ -103,20 +103,11 @@ class HostTier(Tier):
             2, lay.num_kv_heads, t, lay.head_dim)
 
     def layer_copy(self, key: str, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Fresh CPU copies of K, V [Hkv, T, D] of one layer of `key` when this tier holds it unpinned: the bytes
-        `Page.layer_kv` gives, in fewer calls (one copy out of the payload, one tensor, one split); None when it
-        holds the page pinned (`pinned_layer`) or not at all. Touches no LRU order."""
+        """Fresh CPU copies of K, V [Hkv, T, D] of one layer of `key` when this tier holds it unpinned
+        (`Page.layer_kv`, without `PageStore.get`'s tiers); None when it holds the page pinned
+        (`pinned_layer`) or not at all. Touches no LRU order."""
         page = self._pages.get(key)
-        if page is None:
-            return None
-        lay, t = page.layout, len(page.token_ids)
-        if not 0 <= layer < lay.num_layers:
-            raise IndexError(f"layer {layer} out of range 0..{lay.num_layers - 1}")
-        n = lay.layer_nbytes(t)
-        # NOTE: a writable copy of the slice: frombuffer on the immutable payload would alias read-only memory
-        check_little_endian()
-        buf = bytearray(memoryview(page.payload)[layer * n:(layer + 1) * n])
-        return torch.frombuffer(buf, dtype=lay.torch_dtype).view(2, lay.num_kv_heads, t, lay.head_dim).unbind(0)
+        return None if page is None else page.layer_kv(layer)
 
     def size_of(self, key: str) -> int:
         return self._sizes[key]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import random
 
-import lmdb
 import pytest
 import torch
 
 from paging import ROOT_KEY, CorruptPageError, Page, PageLayout, PageStore, StoreConfig
-from testkit.faults import make_chain
-from tests.paging.test_layer_reads import _flip_in_child
+from testkit.faults import flip_lmdb_value_bit, make_chain
+from tests.paging.test_layer_reads import flip_in_child
 from tests.paging.test_store import LAYER_NB, NB
 
 
@@ -83,12 +82,7 @@ def test_a_corrupt_lmdb_page_in_a_batch_is_never_served(tmp_path, make_store):
     config = StoreConfig(host_budget_bytes=0, device_budget_bytes=6 * LAYER_NB)
     with PageStore(tmp_path / "s", config) as store:
         store.put_many(pages)
-    env = lmdb.open(str(tmp_path / "s"), max_dbs=4)
-    with env.begin(write=True, db=env.open_db(b"pages")) as txn:
-        raw = bytearray(txn.get(pages[1].key.encode()))
-        raw[-3] ^= 0x04
-        txn.put(pages[1].key.encode(), bytes(raw))
-    env.close()
+    flip_lmdb_value_bit(tmp_path / "s", pages[1].key, -3 * 8 + 2)  # bit 2 of the value's third byte from the end
     store = make_store(tmp_path / "s", config)
     with pytest.raises(CorruptPageError):
         store.fetch_layers([p.key for p in pages], 0)
@@ -103,7 +97,7 @@ def test_a_changed_byte_in_a_batched_layer_read_is_never_served(tmp_path):
     with PageStore(path, StoreConfig(host_budget_bytes=0, device_budget_bytes=0)) as store:
         store.put_many(pages)
         store.fetch_layers([p.key for p in pages], 0)  # read whole: digests known
-        _flip_in_child(path, pages[1].key, LAYER_NB + 7)  # a byte of layer 1 of page 1, changed on disk
+        flip_in_child(path, pages[1].key, LAYER_NB + 7)  # a byte of layer 1 of page 1, changed on disk
         with pytest.raises(CorruptPageError):
             store.fetch_layers([p.key for p in pages], 1)
         assert store.lmdb_tier.num_quarantined == 1 and not store.reads_layers(pages[1].key)

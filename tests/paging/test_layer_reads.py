@@ -48,7 +48,7 @@ def _flip(path: str, key: str, offset_from_payload: int) -> None:
     env.close()
 
 
-def _flip_in_child(path, key: str, offset_from_payload: int) -> None:
+def flip_in_child(path, key: str, offset_from_payload: int) -> None:
     proc = mp.get_context("spawn").Process(target=_flip, args=(str(path), key, offset_from_payload))
     proc.start()
     proc.join(60)
@@ -61,7 +61,7 @@ def test_a_changed_byte_in_the_layer_read_is_never_served(tmp_path):
     with _store(path) as store:
         store.put_many(pages)
         store.fetch_layer(pages[0].key, 0)  # read whole: digests known
-        _flip_in_child(path, pages[0].key, LAYER_NB + 7)  # a byte of layer 1, changed on disk meanwhile
+        flip_in_child(path, pages[0].key, LAYER_NB + 7)  # a byte of layer 1, changed on disk meanwhile
         with pytest.raises(CorruptPageError):
             store.fetch_layer(pages[0].key, 1)  # the layer mismatches; the whole read finds the page corrupt
         assert _reads(store)[2] == 1 and store.lmdb_tier.num_quarantined == 1
@@ -76,7 +76,7 @@ def test_other_layers_bytes_are_served_only_as_verified(tmp_path):
     with _store(path) as store:
         store.put_many(pages)
         store.fetch_layer(pages[0].key, 1)
-        _flip_in_child(path, pages[0].key, LAYER_NB + 3)
+        flip_in_child(path, pages[0].key, LAYER_NB + 3)
         k, _ = store.fetch_layer(pages[0].key, 0)
         assert torch.equal(k, pages[0].layer_kv(0)[0]) and _reads(store) == (1, 1, 0)
         with pytest.raises(CorruptPageError):

@@ -323,15 +323,19 @@ class TieredCache(Cache):
         if page_id >= self.num_written:
             page = self.writer.pending[page_id - self.num_written]
             return page.layer_kv(layer, device=self.layers[layer].device)
+        self._before_fetch(page_id, key, layer, log.isEnabledFor(logging.DEBUG))
+        return self.store.fetch_layer(key, layer, pin=pin)
+
+    def _before_fetch(self, page_id: int, key: str, layer: int, debug: bool) -> None:
+        """Count a stored page's fetch at one layer, wait for its prefetch unless the device tier holds it."""
         self.fetch_counts["fetches"] += 1
         hit = self.store.device_tier.contains((key, layer))
         if hit:
             self.fetch_counts["device_hits"] += 1
         else:
             self.prefetcher.wait(key)
-        if log.isEnabledFor(logging.DEBUG):
+        if debug:
             log.debug("layer %d: page %d %s", layer, page_id, "on the device" if hit else "fetched from host/LMDB")
-        return self.store.fetch_layer(key, layer, pin=pin)
 
     def working_set(self, layer_idx: int, query: torch.Tensor, kind: str) -> tuple[Any, Any, Any]:
         """K, V ([1, Hkv, kv, D]) and mask for `query` ([1, Hq, q, D]) at this layer.
@@ -436,17 +440,10 @@ class TieredCache(Cache):
                 stored.append(i)
         if not stored:
             return out
-        device, debug = self.store.device_tier, log.isEnabledFor(logging.DEBUG)
+        debug = log.isEnabledFor(logging.DEBUG)
         fetch = [keys[page_ids[i]] for i in stored]
         for i, key in zip(stored, fetch):
-            hit = device.contains((key, layer))
-            self.fetch_counts["device_hits"] += hit
-            if not hit:
-                self.prefetcher.wait(key)
-            if debug:
-                log.debug("layer %d: page %d %s", layer, page_ids[i],
-                          "on the device" if hit else "fetched from host/LMDB")
-        self.fetch_counts["fetches"] += len(stored)
+            self._before_fetch(page_ids[i], key, layer, debug)
         # the other pages' stored entries stay too, as they did when each page was fetched with all of them pinned
         pin = {(keys[p], layer) for p in page_ids if p < len(keys)} if len(stored) < len(page_ids) else ()
         for i, kv in zip(stored, self.store.fetch_layers(fetch, layer, pin=pin)):
