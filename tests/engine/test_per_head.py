@@ -14,6 +14,7 @@ from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.placement import FixedDistance, OwnPositions
 from tieredkv.engine.rotary import rerotate
 from tieredkv.engine.tiered_config import TieredConfig
+from tieredkv.engine.tiered_model import working_set_bytes
 from tieredkv.engine.working_set import fixed_positions
 
 SMALL = dict(sink_pages=1, local_pages=2, topk_pages=2, chunk_pages=1)
@@ -174,9 +175,10 @@ def test_per_head_is_its_own_regime_and_union_keeps_the_old_one():
         TieredConfig(retrieval="heads")
 
 
-def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_path):
-    """What `tieredkv qa` does beyond the window: the question reads its passage afresh and attends to
-    nothing stored, so a per-head ingest (other page bytes) gives the very same logits."""
+@pytest.mark.parametrize("position", ["own", "fixed"])
+def test_a_lexical_reading_answers_the_same_over_either_ingest(position, tiny_model, tmp_path):
+    """What `tieredkv qa` does inside the window (own) and beyond it (fixed): the question reads its passage
+    afresh and attends to nothing stored, so a per-head ingest (other page bytes) gives the very same logits."""
     from tieredkv.engine.tiered_config import ReadingConfig
     from tieredkv.question.qa import qa_config
     from tieredkv.question.reading import read
@@ -189,7 +191,7 @@ def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_p
     reading = ReadingConfig(passages=1, passage_tokens=48, signal="lexical", frame_tokens=6)
     got, stored = {}, {}
     for mode in ("union", "per_head"):
-        cfg = TieredConfig(**SMALL, position="fixed", reading=reading, retrieval=mode)
+        cfg = TieredConfig(**SMALL, position=position, reading=reading, retrieval=mode)
         with tiered(lm, tmp_path / mode, cfg) as tm:
             art = tm.ingest(doc)
             stored[mode] = tm.store.get(art.page_keys[-1]).payload_blake3
@@ -200,10 +202,16 @@ def test_a_lexical_reading_answers_the_same_over_either_ingest(tiny_model, tmp_p
     assert torch.equal(got["union"], got["per_head"])  # ... and the answer did not read them
     beyond = qa_config(lm, 10_000)
     assert beyond.position == "fixed" and beyond.retrieval == "per_head"
-    inside = qa_config(lm, 4_000)  # inside the window: own positions, pages ingested exactly (union), and a reading
-    assert inside.position == "own" and inside.retrieval == "union" and inside.reading is not None
-    assert qa_config(lm, 1_000).reading is None  # a short context is attended whole
-    assert qa_config(lm, 4_000, position="own").reading is None  # as is any, at own positions asked for
+    inside = qa_config(lm, 4_000)  # inside the window: own positions, a reading, and the same working set
+    assert inside.position == "own" and inside.reading is not None
+    short = qa_config(lm, 1_000)  # a short context is attended whole: it fits that working set
+    assert short.reading is None and short.capacity_pages * 128 >= 1_000
+    for config in (inside, short):
+        assert (config.retrieval, config.topk_pages, config.local_pages) == \
+            (beyond.retrieval, beyond.topk_pages, beyond.local_pages)
+        assert working_set_bytes(lm, config) == working_set_bytes(lm, beyond)
+    own = qa_config(lm, 4_000, position="own")  # own positions asked for: no reading, the stored pages attended
+    assert own.reading is None and own.retrieval == "union"
     assert qa_config(lm, 10_000, reading=ReadingConfig(signal="attention")).retrieval == "union"
 
 

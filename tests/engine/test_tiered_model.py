@@ -205,12 +205,17 @@ def test_qa_cli_ingests_then_grafts(tmp_path, capsys):
     assert first["position"] == "own" and first["reading"] is None
     assert first["attended"] == "retrieved" and second["shown"] == first["shown"]
     assert first["shown"] and "text" in first["shown"][0] and first["shown"][0]["times_retrieved"] > 0
-    # by default a document of this length is read inside the window too: the passage around the answer
+    # by default a document of this length is read inside the window too: the passage around the answer; the
+    # answer reads no stored page, so the document is ingested with a per-head working set (other pages)
     assert main(args[:-2]) == 0
     read = json.loads(capsys.readouterr().out)
     assert read["position"] == "own" and read["attended"] == "read" and read["reading"]["passages"] == 1
-    assert read["context"].startswith("grafted") and read["artifact"] == first["artifact"]  # the same pages
+    assert read["context"] == "ingested" and read["artifact"] != first["artifact"]
     assert "The secret colour is teal." in read["shown"][0]["text"]
+    assert main(args[:-2]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["context"].startswith("grafted") and again["artifact"] == read["artifact"]
+    assert again["answer"] == read["answer"]
 
 
 def test_ingesting_a_document_that_extends_an_earlier_one(tiny_model, tmp_path):

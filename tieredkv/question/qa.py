@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from tieredkv.engine.tiered_config import AUTO, ReadingConfig, TieredConfig
+from tieredkv.engine.tiered_config import AUTO, TOPK_DEFAULTS, ReadingConfig, TieredConfig
 
 if TYPE_CHECKING:  # NOTE: at run time it imports torch and transformers, which `tieredkv --help` must not wait for
     from tieredkv.artifacts.artifact import Artifact
@@ -28,17 +28,21 @@ QA_READING = ReadingConfig(passages=1, passage_tokens=512, signal="lexical")
 # two passages: the model answers far more often from one passage read right before the question than from
 # the whole document (bench/results/longdoc_qa.window.json). Shorter contexts are attended whole, exactly.
 READ_INSIDE_FROM = 2 * QA_READING.passage_tokens
+# Retrieved pages per KV head while a document that a lexical reading answers from is ingested: the fixed
+# policy's default, inside the window too (the answer reads no stored page; see qa_config)
+READING_TOPK = TOPK_DEFAULTS["fixed"]
 
 
 def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     """The configuration `tieredkv qa` answers with for a context of `num_tokens` tokens (document,
     question and answer): question-time reading (QA_READING) once the context is longer than
     READ_INSIDE_FROM tokens, at own positions inside the model's window, with the fixed-distance policy
-    beyond it (whose document is ingested with per-head retrieval); a shorter context is attended whole at
-    own positions (exact). `fields` override TieredConfig's (position "auto"; reading=None attends to the stored pages,
-    exact inside the window while they fit the working set; selection="lexical" has the question's words
-    choose them where they do not; reencode_pages=N re-encodes beyond it; a
-    reading given explicitly applies at any length; position="own" without a reading: no reading)."""
+    beyond it; a shorter context is attended whole at own positions (exact). At every length the document is
+    ingested with one working set per KV head (per-head retrieval of READING_TOPK pages). `fields` override
+    TieredConfig's (position "auto"; reading=None attends to the stored pages, exact inside the window while
+    they fit the working set; selection="lexical" has the question's words choose them where they do not;
+    reencode_pages=N re-encodes beyond it; a reading given explicitly applies at any length; position="own"
+    without a reading: no reading)."""
     fields.setdefault("position", AUTO)
     explicit = "reading" in fields
     if not explicit and not fields.get("reencode_pages") and fields["position"] != "own":
@@ -46,15 +50,17 @@ def qa_config(lm, num_tokens: int, **fields) -> TieredConfig:
     if fields.get("reading") is not None and fields["reading"].frame_tokens is None:  # QA prompts open with a frame
         fields["reading"] = dataclasses.replace(fields["reading"], frame_tokens=frame_tokens(lm))
     config = TieredConfig(**fields).resolve(lm.model, num_tokens)
-    if config.position == "own" and not explicit and num_tokens <= READ_INSIDE_FROM:
+    short = config.position == "own" and not explicit and num_tokens <= READ_INSIDE_FROM
+    if short:
         config = dataclasses.replace(config, reading=None)
-    if config.position == "fixed" and config.reading is not None and config.reading.signal == "lexical" \
-            and "retrieval" not in fields:
+    lexical = config.reading is not None and config.reading.signal == "lexical"
+    if (lexical or short) and "retrieval" not in fields:
         # NOTE: a lexical reading's answer attends to the frame and passages computed afresh and to the
-        # question, never to the stored pages' K/V (sliding-window layers aside), so the ingest may retrieve
-        # per head: a working set of fixed size, ingest as fast at 128K as at 8K, the same answer
-        # (tests/engine/test_per_head.py)
-        config = dataclasses.replace(config, retrieval="per_head")
+        # question, never to the stored pages' K/V (sliding-window layers aside), so the ingest retrieves per
+        # head under either policy: one small working set (sink + READING_TOPK + local pages per KV head), the
+        # same device bytes inside the window as at 128K, ingest as fast, the same answer
+        # (tests/engine/test_per_head.py). A short context fits that working set whole: attended exactly.
+        config = dataclasses.replace(config, retrieval="per_head", topk_pages=fields.get("topk_pages") or READING_TOPK)
     return config
 
 
