@@ -10,7 +10,7 @@ from .errors import PagingError
 
 
 def tensors_nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.nbytes for t in tensors)
 
 
 class DeviceTier:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from .errors import PagingError
-from .page import Page, PageHeader
+from .page import Page, PageHeader, check_little_endian
 from .tier import Tier
 
 
@@ -102,12 +103,23 @@ class HostTier(Tier):
         return buf[layer * n:(layer + 1) * n].view(lay.torch_dtype).view(
             2, lay.num_kv_heads, t, lay.head_dim)
 
-    def layer_copy(self, key: str, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Fresh CPU copies of K, V [Hkv, T, D] of one layer of `key` when this tier holds it unpinned
-        (`Page.layer_kv`, without `PageStore.get`'s tiers); None when it holds the page pinned
-        (`pinned_layer`) or not at all. Touches no LRU order."""
+    def layer_view(self, key: str, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K, V [Hkv, T, D] of one layer of `key` when this tier holds it unpinned: views of the page's own
+        immutable payload, no copy; None when it holds the page pinned or not at all. Touches no LRU order.
+
+        NOTE: read-only by contract (torch has no read-only tensors): writing into them would change a
+        verified page's bytes. They keep the whole payload alive: `PageStore` gives the device-tier entries
+        it made of them their own copies when this tier lets the page go (`PageStore._own_device_entries`)."""
         page = self._pages.get(key)
-        return None if page is None else page.layer_kv(layer)
+        if page is None:
+            return None
+        lay, t = page.layout, len(page.token_ids)
+        if not 0 <= layer < lay.num_layers:
+            raise IndexError(f"layer {layer} out of range 0..{lay.num_layers - 1}")
+        n = lay.layer_nbytes(t)
+        kv = _frombuffer(page.payload, lay.torch_dtype, n // lay.itemsize, layer * n).view(
+            2, lay.num_kv_heads, t, lay.head_dim)
+        return kv[0], kv[1]
 
     def size_of(self, key: str) -> int:
         return self._sizes[key]
@@ -140,3 +152,20 @@ class HostTier(Tier):
         self._pinned.clear()
         self._sizes.clear()
         self._nbytes = 0
+
+
+_warned = False
+
+
+def _frombuffer(payload: bytes, dtype: torch.dtype, count: int, offset: int) -> torch.Tensor:
+    """`torch.frombuffer` of immutable bytes, without the warning torch gives (once per process) that the
+    buffer is not writable: these views are read-only by contract (`HostTier.layer_view`)."""
+    global _warned
+    if _warned:
+        return torch.frombuffer(payload, dtype=dtype, count=count, offset=offset)
+    check_little_endian()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        out = torch.frombuffer(payload, dtype=dtype, count=count, offset=offset)
+    _warned = True
+    return out

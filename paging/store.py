@@ -210,6 +210,7 @@ class PageStore:
             return
         needed = self._host.nbytes + page.nbytes - self._host.budget_bytes
         for victim in self._host_lru.victims(needed, self._host.size_of):
+            self._own_device_entries(victim)
             self._host.remove(victim)
             self._host_lru.forget(victim)
             self._counts["host"].evictions += 1
@@ -425,11 +426,12 @@ class PageStore:
         entries pinned too: the same bytes, tiers, evictions, LRU order and counters, in fewer calls per page.
 
         NOTE: a retrieving decode step fetches ~25 pages per layer, and per page the calls cost more than the
-        bytes. Here the misses are read first, in one pass (pages the host tier holds, unpinned, copied
-        straight from their payload: `HostTier.copy_layers`; others through `fetch_layer`'s own reads, which
-        verify what comes from LMDB), then the device tier is updated in the order of `keys`. A page that
-        fails verification raises before anything of the batch is cached or returned. Each cached entry owns
-        its storage (no view of a shared batch), so the device budget bounds the memory it holds."""
+        bytes. Here the misses are read first, in one pass (on a CPU store, pages the host tier holds unpinned
+        are served as views of their payload, no copy: `HostTier.layer_view`; others through `fetch_layer`'s
+        own reads, which verify what comes from LMDB), then the device tier is updated in the order of `keys`.
+        A page that fails verification raises before anything of the batch is cached or returned. No entry is
+        a view of a shared batch, and an entry made of a host page's views gets its own copy when the host
+        tier lets the page go (`_own_device_entries`), so the budgets bound the memory entries hold."""
         device, dkeys = self._device, [(key, layer) for key in keys]
         need = list(dict.fromkeys(key for key, dkey in zip(keys, dkeys) if not device.contains(dkey)))
         loaded = dict(zip(need, self._load_layers(need, layer)))
@@ -466,11 +468,12 @@ class PageStore:
 
     def _load_layers(self, keys: list[str], layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`_load_layer` of each key in turn (so host evictions by LMDB reads fall as they would one by one);
-        a CPU store copies an unpinned host page's layer straight out of its payload (`HostTier.layer_copy`)."""
-        cpu = torch.device(self.config.device).type == "cpu"
+        a CPU store serves an unpinned host page's layer as views of its payload (`HostTier.layer_view`: no
+        copy; the device-tier entry made of them gets its own copy when the host tier lets the page go)."""
+        cpu = self._device.device.type == "cpu"
         host_tier, host, lru, out = self._host, self._counts["host"], self._host_lru, []
         for key in keys:
-            kv = host_tier.layer_copy(key, layer) if cpu else None
+            kv = host_tier.layer_view(key, layer) if cpu else None
             if kv is None:
                 kv = self._load_layer(key, layer)
             else:  # what `get` does for a host hit
@@ -478,6 +481,20 @@ class PageStore:
                 host.hit(host_tier.size_of(key))
             out.append(kv)
         return out
+
+    def _own_device_entries(self, key: str) -> None:
+        """Before the host tier lets `key` go: a CPU store's device-tier entries of it may be views of its payload
+        (`_load_layers`), which would keep the whole page alive past both budgets; each gets its own copy of its
+        bytes (same key, size, place and LRU order; an entry that owned its bytes already is copied too)."""
+        if self._device.device.type != "cpu" or not self._device.num_entries:
+            return
+        found = self._host.peek(key)
+        if found is None:
+            return
+        for layer in range(found[0].layout.num_layers):
+            entry = self._device.get((key, layer))
+            if entry is not None:
+                self._device.put((key, layer), tuple(t.clone() for t in entry))
 
     def _load_layer(self, key: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh K, V [Hkv, T, D] on `config.device`; straight from pinned host memory

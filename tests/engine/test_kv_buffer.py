@@ -208,8 +208,9 @@ def test_in_place_arrange_rewrites_only_the_keys_of_a_page_that_moved():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_batched_slot_writes_are_the_per_slot_writes(dtype):
-    """`_write_slots` copies every slot at once (split + _foreach_copy_): the same bytes and positions as a
-    slice assignment per slot, whatever the order of the slots' starts; K/V of another dtype are converted."""
+    """`_write_slots` copies every slot in one pass (a CPU buffer through numpy views, others split +
+    _foreach_copy_): the same bytes and positions as a slice assignment per slot, whatever the order of the
+    slots' starts; K/V of another dtype are converted."""
     keys = [SlotKey(s, s + 8, off, 0, 0) for s, off in ((40, 0), (0, 3), (96, 0), (8, 1), (200, 0))]
     starts = [70, 10, 30, 18, 50]  # disjoint runs, not in order
     gen = torch.Generator().manual_seed(0)
@@ -231,3 +232,37 @@ def test_batched_slot_writes_are_the_per_slot_writes(dtype):
         dst, key = starts[1], keys[1]
         assert torch.equal(a.pos[dst:dst + key.num_tokens], torch.arange(3, 8))
         assert torch.equal(a.k[0, :, dst:dst + key.num_tokens], kvs[1][0].to(dtype))
+
+
+@pytest.mark.parametrize("dtype, as_int", [(torch.float32, torch.int32), (torch.bfloat16, torch.int16),
+                                           (torch.float16, torch.int16), (torch.float64, torch.int64)])
+def test_cpu_slot_writes_copy_every_bit(dtype, as_int):
+    """A CPU buffer's batched writes (numpy views of its bytes) copy bit patterns exactly, NaNs, infinities and
+    subnormals included, from read-only views of immutable bytes and from slices that start past a page's first
+    token, and keep doing so after the buffer grows (the numpy views follow the new buffers)."""
+    gen = torch.Generator().manual_seed(1)
+    width = torch.empty(0, dtype=as_int).element_size()
+    keys = [SlotKey(s, s + 8, off, 0, 0) for s, off in ((40, 0), (0, 3), (96, 0), (8, 1))]
+    a, b = WorkingSetBuffer(H, D, dtype, "cpu"), WorkingSetBuffer(H, D, dtype, "cpu")
+    for grow in (100, 2000):
+        for buf in (a, b):
+            buf._make_room(grow)
+            buf.pos.fill_(-7), buf.k.zero_(), buf.v.zero_()
+        starts = [buf.lo + s for s in (70, 10, 30, 18)]
+        kvs = []
+        for key in keys:
+            bits = torch.randint(-(1 << 8 * width - 1), (1 << 8 * width - 1) - 1, (2, H, 8, D), generator=gen,
+                                 dtype=torch.int64).to(as_int)
+            payload = bytes(bits.view(torch.uint8).reshape(-1).numpy())  # immutable, like a host page's payload
+            kv = torch.frombuffer(payload, dtype=dtype).view(2, H, 8, D)
+            kvs.append((kv[0, :, key.offset:], kv[1, :, key.offset:]))
+        a._write_slots(keys, starts, kvs)
+        for key, dst, kv in zip(keys, starts, kvs):  # one slice assignment per slot: the reference
+            b._write_slots([key], [dst], [kv])
+        assert a._np is not None and a._np[0] is a.k  # the numpy path ran, on the current buffers
+        assert torch.equal(a.k.view(as_int), b.k.view(as_int)) and torch.equal(a.v.view(as_int), b.v.view(as_int))
+        assert torch.equal(a.pos, b.pos)
+        for key, dst, (k, v) in zip(keys, starts, kvs):
+            n = key.num_tokens
+            assert torch.equal(a.k[0, :, dst:dst + n].view(as_int), k.view(as_int))
+            assert torch.equal(a.v[0, :, dst:dst + n].view(as_int), v.view(as_int))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,15 +52,45 @@ def test_a_repeated_key_is_a_hit_the_second_time(make_store):
     assert k0 is k1 and store.stats()["tiers"]["device"]["hits"] == 1
 
 
-def test_cached_entries_own_their_storage(make_store):
-    """No entry is a view of a batch's shared buffer: the device budget bounds the memory entries hold."""
+def _within(t: torch.Tensor, payload: bytes) -> bool:
+    """Whether `t`'s bytes lie inside `payload`'s memory (a view of it, not a copy)."""
+    first = np.frombuffer(payload, dtype=np.uint8).ctypes.data
+    return first <= t.data_ptr() and t.data_ptr() + t.nbytes <= first + len(payload)
+
+
+def test_a_cpu_store_serves_host_pages_without_a_copy(make_store):
+    """A CPU store's misses that the host tier holds are views of the page's payload: one copy fewer per page
+    (the working-set buffer copies them next); the same bytes as `Page.layer_kv`."""
     pages = make_chain(4)
     store = make_store(config=StoreConfig(device_budget_bytes=8 * LAYER_NB))
     store.put_many(pages)
-    out = store.fetch_layers([p.key for p in pages], 0)
-    storages = {k.untyped_storage().data_ptr() for k, _ in out}
-    assert len(storages) == len(pages)
-    assert all(k.untyped_storage().nbytes() == LAYER_NB for k, _ in out)
+    for layer in (0, 1):
+        for (k, v), page in zip(store.fetch_layers([p.key for p in pages], layer), pages):
+            ref_k, ref_v = page.layer_kv(layer)
+            assert _within(k, page.payload) and _within(v, page.payload)
+            assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+            assert store.device_tier.get((page.key, layer))[0] is k
+
+
+def test_an_entry_owns_its_bytes_once_the_host_lets_the_page_go(make_store):
+    """A device-tier entry made of views of a host page gets its own copy when the host tier evicts or drops the
+    page: no entry keeps a whole page alive past both budgets. Keys, sizes, order and LRU order are unchanged."""
+    pages = make_chain(6)
+    store = make_store(config=StoreConfig(host_budget_bytes=2 * NB, device_budget_bytes=12 * LAYER_NB))
+    store.put_many(pages[:2])
+    store.fetch_layers([p.key for p in pages[:2]], 0)
+    store.fetch_layers([pages[0].key], 1)
+    before = _state(store), list(store._device_lru), store.device_tier.nbytes
+    store.put_many(pages[2:4])  # the host tier evicts pages 0 and 1
+    assert not store.host_tier.contains(pages[0].key) and not store.host_tier.contains(pages[1].key)
+    assert (_state(store)[0], list(store._device_lru), store.device_tier.nbytes) == (before[0][0], before[1], before[2])
+    for page, layer in ((pages[0], 0), (pages[1], 0), (pages[0], 1)):
+        k, v = store.device_tier.get((page.key, layer))
+        assert not _within(k, page.payload) and not _within(v, page.payload)
+        assert k.untyped_storage().nbytes() == LAYER_NB // 2 and v.untyped_storage().nbytes() == LAYER_NB // 2
+        ref_k, ref_v = page.layer_kv(layer)
+        assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+    assert store.device_tier.nbytes <= store.device_tier.budget_bytes
 
 
 def test_bfloat16_pages_are_the_same_bytes(make_store):

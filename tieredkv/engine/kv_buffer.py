@@ -37,6 +37,10 @@ _GROW = 1.5  # capacity grows by at least this factor: amortised O(1) appends, r
 _ROUND = 256  # capacity is a multiple of this many tokens
 HOLE_POS = 1 << 62  # position of a hole's tokens: after every query, so no causal mask attends to them
 _HOLE = -1  # SlotKey.source of a hole (stale bytes of a slot no longer wanted)
+# what a CPU buffer's K and V are viewed as for numpy copies (`WorkingSetBuffer._numpy_views`): their own
+# dtype, or an integer of the same width (numpy has no bfloat16); other dtypes are not copied through numpy
+_NUMPY_AS: dict[torch.dtype, torch.dtype] = {torch.float16: torch.float16, torch.float32: torch.float32,
+                                             torch.float64: torch.float64, torch.bfloat16: torch.int16}
 
 
 def token_indices(starts: Sequence[int], sizes: Sequence[int], total: int) -> np.ndarray:
@@ -102,6 +106,7 @@ class WorkingSetBuffer:
         self.tail_start = 0  # absolute position of the tail's first token
         self.num_copied_tokens = 0  # tokens written by `arrange` (slot fills and tail moves): what changes cost
         self._refs: dict[int, Any] = {}  # source id -> the object it names, kept alive so the id stays unique
+        self._np: tuple | None = None  # (k, v, pos, their numpy views): `_numpy_views`
 
     # ------------------------------------------------------------------ views
     @property
@@ -252,21 +257,36 @@ class WorkingSetBuffer:
         """Write each slot's K, V ([Hkv, n, D]) and positions at its start.
 
         NOTE: a retrieving decode step writes ~25 slots per layer, and one slice assignment per slot and tensor
-        (and an arange for its positions) cost more in calls than in bytes. So the buffers are cut at the slots'
-        edges (one `split` per tensor) and every slot is copied with one `_foreach_copy_` per tensor: the same
-        copies, ~2x faster (lab/2026-12-06-batched-fetch). Joining the slots and writing them with one
-        `index_copy_` was no faster for float32 and 5x slower for bfloat16 (even through an int16 view)."""
-        sizes = [key.num_tokens for key in keys]
+        (and an arange for its positions) cost more in calls than in bytes. A CPU buffer copies every slot
+        through numpy views of the same bytes (`_numpy_views`: a numpy slice assignment costs a fraction of
+        a torch one); other buffers are cut at the slots' edges (one `split` per tensor) and every slot is
+        copied with one `_foreach_copy_` per tensor (lab/2026-12-06-batched-fetch, lab/2026-12-06-churn-copies).
+        Joining the slots and writing them with one `index_copy_` was no faster for float32 and 5x slower for
+        bfloat16 (even through an int16 view)."""
+        sizes = [key.end - key.start - key.offset for key in keys]
         for key, n, (k, _v) in zip(keys, sizes, kvs):
             assert k.shape[1] == n, f"slot {key} got {k.shape[1]} tokens"
         self.num_copied_tokens += sum(sizes)
-        if len(keys) < 2 or any(k.dtype != self.dtype or v.dtype != self.dtype or k.device != self.device
-                                or v.device != self.device for k, v in kvs):
-            # NOTE: a slice assignment converts dtype and device, which the batched copy is not relied on to do
+        dtype, cpu = self.dtype, self.device.type == "cpu"
+        if len(keys) < 2 or any(k.dtype != dtype or v.dtype != dtype for k, v in kvs) or (
+                any(not (k.is_cpu and v.is_cpu) for k, v in kvs) if cpu else
+                any(k.device != self.device or v.device != self.device for k, v in kvs)):
+            # NOTE: a slice assignment converts dtype and device, which the batched copies are not relied on to do
             for key, dst, n, (k, v) in zip(keys, starts, sizes, kvs):
                 self.k[0, :, dst:dst + n], self.v[0, :, dst:dst + n] = k, v
                 first = key.start + key.offset
                 self.pos[dst:dst + n] = torch.arange(first, first + n, device=self.device)
+            return
+        views = self._numpy_views() if cpu else None
+        if views is not None and not any(k.requires_grad or v.requires_grad for k, v in kvs):
+            kb, vb, pb, as_int = views
+            for key, dst, n, (k, v) in zip(keys, starts, sizes, kvs):
+                if as_int is not None:
+                    k, v = k.view(as_int), v.view(as_int)
+                kb[:, dst:dst + n] = k.numpy()
+                vb[:, dst:dst + n] = v.numpy()
+                first = key.start + key.offset
+                pb[dst:dst + n] = np.arange(first, first + n, dtype=np.int64)
             return
         order = sorted(range(len(keys)), key=starts.__getitem__)
         sizes = [sizes[i] for i in order]
@@ -275,6 +295,22 @@ class WorkingSetBuffer:
         torch._foreach_copy_(self.k[0].split(cuts, dim=1)[1::2], [kvs[i][0] for i in order])
         torch._foreach_copy_(self.v[0].split(cuts, dim=1)[1::2], [kvs[i][1] for i in order])
         torch._foreach_copy_(self.pos.split(cuts)[1::2], pos.to(self.device).split(sizes))
+
+    def _numpy_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.dtype | None] | None:
+        """numpy views of a CPU buffer's K, V ([Hkv, capacity, D]) and positions, and the integer dtype of the
+        same width that K and V are viewed as where numpy has no such float (bfloat16; None: their own dtype).
+        None for a dtype numpy cannot view. Kept until the buffers are replaced (`_make_room`)."""
+        cached = self._np
+        if cached is not None and cached[0] is self.k and cached[1] is self.v and cached[2] is self.pos:
+            return cached[3]
+        as_int = _NUMPY_AS.get(self.dtype)
+        views = None
+        if as_int is not None:
+            kb = self.k[0].view(as_int).numpy() if as_int is not self.dtype else self.k[0].numpy()
+            vb = self.v[0].view(as_int).numpy() if as_int is not self.dtype else self.v[0].numpy()
+            views = kb, vb, self.pos.numpy(), (None if as_int is self.dtype else as_int)
+        self._np = (self.k, self.v, self.pos, views)
+        return views
 
     def _take_tail(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A copy of the tail's K, V and positions, to be put back elsewhere (`_put_tail`). NOTE: a copy,
@@ -300,39 +336,54 @@ class WorkingSetBuffer:
         new slots into holes (the smallest that fits) or after the last slot (the tail moves behind
         them). False, doing nothing, when holes would make up more than a third of the slots: the
         caller then re-lays them out in order, which leaves none."""
+        # NOTE: ~50 slots, ~25 of them new, every decode step and layer: sizes are read off the fields
+        # (`end - start - offset`, as `SlotKey.num_tokens`) rather than through the property, in few passes
         want = set(wanted)
-        layout = [key if key in want else SlotKey(0, key.num_tokens, 0, 0, _HOLE) for key in self.slots]
+        slots = self.slots
+        layout = [key if key in want else SlotKey(0, key.end - key.start - key.offset, 0, 0, _HOLE) for key in slots]
         present = set(layout)
         new = [i for i, key in enumerate(wanted) if key not in present]
         # a slot whose page only moved (another shift) gets its keys re-rotated where it is; values stay put
-        leaving = {_unshifted(key): j for j, key in enumerate(self.slots) if key not in want and key.source != _HOLE}
+        leaving = {_unshifted(key): j for j, key in enumerate(slots) if key not in want and key.source != _HOLE}
         moved: dict[int, int] = {}  # index in `wanted` -> index in `layout` of the slot it re-rotates
-        for i in new:
-            j = leaving.pop(_unshifted(wanted[i]), None)
-            if j is not None:
-                moved[i], layout[j] = j, wanted[i]
-        new = [i for i in new if i not in moved]
+        if leaving:
+            for i in new:
+                j = leaving.pop(_unshifted(wanted[i]), None)
+                if j is not None:
+                    moved[i], layout[j] = j, wanted[i]
+            if moved:
+                new = [i for i in new if i not in moved]
         # (size, index in `layout`), sorted: the first at or after (n, -1) is the smallest hole that fits n tokens
-        holes = sorted((key.num_tokens, j) for j, key in enumerate(layout) if key.source == _HOLE)
+        # (a hole's key is (0, size, 0, 0, _HOLE): its size is its end)
+        holes = sorted((key.end, j) for j, key in enumerate(layout) if key.source == _HOLE)
         placed: dict[int, int] = {}  # index in `layout` -> index in `wanted` that fills that hole
         appended: list[int] = []
         for i in new:  # NOTE: a slot is never split over holes; what a bigger hole leaves stays a hole
-            at = bisect.bisect_left(holes, (wanted[i].num_tokens, -1))
+            key = wanted[i]
+            at = bisect.bisect_left(holes, (key.end - key.start - key.offset, -1))
             if at < len(holes):
                 placed[holes.pop(at)[1]] = i
             else:
                 appended.append(i)
         out: list[SlotKey] = []
         for j, key in enumerate(layout):
-            if j not in placed:
+            i = placed.get(j)
+            if i is None:
                 out.append(key)
                 continue
-            out.append(wanted[placed[j]])
-            if key.num_tokens > wanted[placed[j]].num_tokens:
-                out.append(SlotKey(0, key.num_tokens - wanted[placed[j]].num_tokens, 0, 0, _HOLE))
+            fresh_key = wanted[i]
+            out.append(fresh_key)
+            rest = key.end - (fresh_key.end - fresh_key.start - fresh_key.offset)
+            if rest > 0:
+                out.append(SlotKey(0, rest, 0, 0, _HOLE))
         out += [wanted[i] for i in appended]
-        num_slot_tokens = sum(key.num_tokens for key in out)
-        if 3 * _hole_tokens(out) > num_slot_tokens:
+        num_slot_tokens = hole_tokens = 0
+        for key in out:
+            n = key.end - key.start - key.offset
+            num_slot_tokens += n
+            if key.source == _HOLE:
+                hole_tokens += n
+        if 3 * hole_tokens > num_slot_tokens:
             return False
         t, grow = self.num_tail, num_slot_tokens - self.num_slot_tokens
         if self.lo + num_slot_tokens + t > self.capacity:
@@ -343,10 +394,11 @@ class WorkingSetBuffer:
         fresh, at, dst = {wanted[i] for i in new}, {}, self.lo
         moved_keys = {wanted[i] for i in moved}
         hole_starts, hole_sizes = [], []
-        for j, key in enumerate(layout):
-            if key.source == _HOLE and self.slots[j].source != _HOLE:
-                hole_starts.append(dst), hole_sizes.append(key.num_tokens)
-            dst += key.num_tokens
+        for key, was in zip(layout, slots):
+            n = key.end - key.start - key.offset
+            if key.source == _HOLE and was.source != _HOLE:
+                hole_starts.append(dst), hole_sizes.append(n)
+            dst += n
         if hole_starts:  # one write for every new hole (there are about as many as new slots)
             idx = token_indices(hole_starts, hole_sizes, sum(hole_sizes))
             self.pos.index_fill_(0, torch.from_numpy(idx).to(self.device), HOLE_POS)
@@ -354,7 +406,7 @@ class WorkingSetBuffer:
         for key in out:
             if key in fresh or key in moved_keys:
                 at[key] = dst
-            dst += key.num_tokens
+            dst += key.end - key.start - key.offset
         kvs = fill(new + list(moved)) if new or moved else []
         self._write_slots([wanted[i] for i in new], [at[wanted[i]] for i in new], kvs[:len(new)])
         for i, (k, _v) in zip(moved, kvs[len(new):]):

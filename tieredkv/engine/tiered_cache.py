@@ -323,19 +323,22 @@ class TieredCache(Cache):
         if page_id >= self.num_written:
             page = self.writer.pending[page_id - self.num_written]
             return page.layer_kv(layer, device=self.layers[layer].device)
-        self._before_fetch(page_id, key, layer, log.isEnabledFor(logging.DEBUG))
+        self._before_fetch([page_id], [key], layer)
         return self.store.fetch_layer(key, layer, pin=pin)
 
-    def _before_fetch(self, page_id: int, key: str, layer: int, debug: bool) -> None:
-        """Count a stored page's fetch at one layer, wait for its prefetch unless the device tier holds it."""
-        self.fetch_counts["fetches"] += 1
-        hit = self.store.device_tier.contains((key, layer))
-        if hit:
-            self.fetch_counts["device_hits"] += 1
-        else:
-            self.prefetcher.wait(key)
-        if debug:
-            log.debug("layer %d: page %d %s", layer, page_id, "on the device" if hit else "fetched from host/LMDB")
+    def _before_fetch(self, page_ids: list[int], keys: list[str], layer: int) -> None:
+        """Count stored pages' fetches at one layer, wait for each one's prefetch unless the device tier holds it."""
+        counts, contains, wait = self.fetch_counts, self.store.device_tier.contains, self.prefetcher.wait
+        debug = log.isEnabledFor(logging.DEBUG)
+        counts["fetches"] += len(keys)
+        for page_id, key in zip(page_ids, keys):
+            hit = contains((key, layer))
+            if hit:
+                counts["device_hits"] += 1
+            else:
+                wait(key)
+            if debug:
+                log.debug("layer %d: page %d %s", layer, page_id, "on the device" if hit else "fetched from host/LMDB")
 
     def working_set(self, layer_idx: int, query: torch.Tensor, kind: str) -> tuple[Any, Any, Any]:
         """K, V ([1, Hkv, kv, D]) and mask for `query` ([1, Hq, q, D]) at this layer.
@@ -359,7 +362,10 @@ class TieredCache(Cache):
                     and not layer.is_sliding)
         self._prev_q[layer_idx] = q
         items: list[tuple[Span, int] | HeadPages] = list(parts)
-        wanted = [self._slot_key(s, off, shifts.get(s.page_id, 0), layer_idx) for s, off in parts]
+        if self.reencoded:
+            wanted = [self._slot_key(s, off, shifts.get(s.page_id, 0), layer_idx) for s, off in parts]
+        else:  # `_slot_key` of stored pages, without a call per page
+            wanted = [SlotKey(s.start, s.end, off, shifts.get(s.page_id, 0) if shifts else 0, 0) for s, off in parts]
         if heads is not None:
             heads = head_block.update_in_place(self, layer_idx, heads) if in_place else heads
             at = sum(1 for s, _ in parts if s.page_id < self.local_first)  # after the shared far pages
@@ -432,18 +438,19 @@ class TieredCache(Cache):
         through one `PageStore.fetch_layers` (the same bytes as one `fetch_layer` per page, fewer calls)."""
         written, keys = self.num_written, self.page_keys
         out: list = [None] * len(page_ids)
-        stored: list[int] = []  # indices of `page_ids` read from the store
-        for i, page_id in enumerate(page_ids):
-            if self.reads_reencoded(page_id, layer) or page_id >= written:
-                out[i] = self.page_kv(page_id, layer)
-            else:
-                stored.append(i)
+        if not self.reencoded and (not page_ids or max(page_ids) < written):
+            stored: Sequence[int] = range(len(page_ids))  # every page from the store (a decode step's case)
+        else:
+            stored = []  # indices of `page_ids` read from the store
+            for i, page_id in enumerate(page_ids):
+                if self.reads_reencoded(page_id, layer) or page_id >= written:
+                    out[i] = self.page_kv(page_id, layer)
+                else:
+                    stored.append(i)
         if not stored:
             return out
-        debug = log.isEnabledFor(logging.DEBUG)
         fetch = [keys[page_ids[i]] for i in stored]
-        for i, key in zip(stored, fetch):
-            self._before_fetch(page_ids[i], key, layer, debug)
+        self._before_fetch([page_ids[i] for i in stored], fetch, layer)
         # the other pages' stored entries stay too, as they did when each page was fetched with all of them pinned
         pin = {(keys[p], layer) for p in page_ids if p < len(keys)} if len(stored) < len(page_ids) else ()
         for i, kv in zip(stored, self.store.fetch_layers(fetch, layer, pin=pin)):
