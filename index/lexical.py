@@ -27,19 +27,46 @@ why will with would you your answer answers question document one two sentences 
 """.split())
 
 
-def words(text: str) -> list[str]:
-    """Lower-case word tokens, stopwords dropped; `__init__` and `f_lineno` stay one word."""
-    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS and w.strip("_")]
+def stem(word: str) -> str:
+    """A light English stemmer for a lower-case word: inflections only (plural -s/-es/-ies, -ed, -ing, a final
+    -e, a doubled final consonant), so that "harpooneers", "harpooned" and "harpooning" meet "harpoon".
+    Conflating a few unrelated words ("news", "new") is the price; identifiers with digits or underscores,
+    and words of 3 letters or fewer, are left as they are."""
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    w = word
+    if w.endswith("ies") and len(w) > 4:
+        w = w[:-3] + "y"
+    elif w.endswith(("sses", "ches", "shes", "xes", "zes")):
+        w = w[:-2]
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        w = w[:-1]
+    for suffix in ("ing", "ed"):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3 and any(c in "aeiouy" for c in w[:-len(suffix)]):
+            w = w[:-len(suffix)]
+            if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "aeiouls":
+                w = w[:-1]  # "stopped" -> "stop", but "called" and "seeing" keep theirs
+            break
+    if w.endswith("e") and len(w) > 3:
+        w = w[:-1]  # "move", "moved", "moving" -> "mov"
+    return w
+
+
+def words(text: str, *, stemmed: bool = False) -> list[str]:
+    """Lower-case word tokens, stopwords dropped; `__init__` and `f_lineno` stay one word; with `stemmed`,
+    each reduced by `stem`."""
+    out = [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS and w.strip("_")]
+    return [stem(w) for w in out] if stemmed else out
 
 
 class BM25Index:
     """BM25 (k1, b) over a fixed list of page texts; page ids are list positions."""
 
-    def __init__(self, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75):
+    def __init__(self, texts: Sequence[str], *, k1: float = 1.2, b: float = 0.75, stemmed: bool = False):
         if k1 < 0 or not 0 <= b <= 1:
             raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
-        self.k1, self.b = k1, b
-        self.counts = [Counter(words(t)) for t in texts]
+        self.k1, self.b, self.stemmed = k1, b, stemmed
+        self.counts = [Counter(words(t, stemmed=stemmed)) for t in texts]
         self.lengths = np.array([sum(c.values()) for c in self.counts], dtype=np.float64)
         self.avg_length = float(self.lengths.mean()) if len(self.counts) and self.lengths.sum() else 1.0
         df = Counter(w for c in self.counts for w in c)
@@ -49,11 +76,18 @@ class BM25Index:
     def __len__(self) -> int:
         return len(self.counts)
 
+    def term(self, word: str) -> str | None:
+        """The index term a word of text counts as (None: a stopword, never counted)."""
+        w = word.lower()
+        if w in STOPWORDS or not w.strip("_"):
+            return None
+        return stem(w) if self.stemmed else w
+
     def scores(self, query: str) -> np.ndarray:
         """[N] float64 BM25 score of every page for the words of `query` (0 where none occurs)."""
         out = np.zeros(len(self.counts), dtype=np.float64)
         norm = self.k1 * (1 - self.b + self.b * self.lengths / self.avg_length)
-        for w in set(words(query)):
+        for w in set(words(query, stemmed=self.stemmed)):
             idf = self.idf.get(w)
             if idf is None:
                 continue
@@ -82,7 +116,7 @@ class BM25Index:
         lengths = summed(self.lengths)
         norm = self.k1 * (1 - self.b + self.b * lengths / max(float(lengths.mean()), 1.0))
         out = np.zeros(m, dtype=np.float64)
-        for w in set(words(query)):
+        for w in set(words(query, stemmed=self.stemmed)):
             idf = self.idf.get(w)
             if idf is not None:
                 tf = summed(np.array([c.get(w, 0) for c in self.counts], dtype=np.float64))

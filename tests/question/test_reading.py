@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from index.lexical import BM25Index, words
+from index.lexical import BM25Index, stem, words
 from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.tiered_config import ReadingConfig, TieredConfig
 from tieredkv.engine.working_set import Span
 from tieredkv.question.reading import (
     CompactReading,
     centre,
+    choose,
     fragments,
     fuse,
     lexical_runs,
@@ -92,6 +93,37 @@ def test_a_passage_goes_where_the_question_words_meet():
         ReadingConfig(run_pages=0)
 
 
+def test_stemming_meets_inflections_and_leaves_identifiers():
+    assert {stem(w) for w in ("harpooned", "harpooning", "harpoons", "harpoon")} == {"harpoon"}
+    assert stem("treaties") == stem("treaty") and stem("churches") == stem("church") and stem("stopped") == "stop"
+    assert stem("move") == stem("moved") == stem("moving") and stem("called") == "call"
+    assert [stem(w) for w in ("sea", "glass", "status", "f_lineno", "utf8")] == ["sea", "glass", "status", "f_lineno",
+                                                                                "utf8"]
+    assert words("The harpooneers sailed", stemmed=True) == ["harpooneer", "sail"]
+    texts = ["they sailed and harpooned the whales", "a whale was seen", "nothing relevant here"]
+    assert BM25Index(texts).scores("who harpoons whales while sailing")[0] > 0
+    index = BM25Index(texts, stemmed=True)
+    plain, stemmed = BM25Index(texts).scores("harpoon sail whale"), index.scores("harpoon sail whale")
+    assert plain[0] == 0 and stemmed.argmax() == 0 and stemmed[1] > 0 and stemmed[2] == 0
+    assert index.term("The") is None and index.term("Sailing") == "sail"
+
+
+def test_a_stemmed_reading_finds_the_inflected_words():
+    """Page 5 holds "wombats" twice; the question asks about one "wombat": only the stemmed signal ranks it,
+    and the stemmed places centre on it."""
+    codec = _WordCodec()
+    codec.VOCAB = ["x", "quokka", "wombats", "zebra"]
+    pages = [[0] * 4 for _ in range(8)]
+    pages[5] = [0, 2, 2, 0]
+    cache, cands = _word_cache(pages), list(range(8))
+    assert lexical_scores(cache, cands, "a wombat", codec) == {}
+    ranked = rank(cands, {}, lexical_scores(cache, cands, "a wombat", codec, stemmed=True), "lexical")
+    assert ranked == [5] and cache.lexical_index.stemmed
+    assert places(cache, ranked, "a wombat", 1, 4, codec, first=0, end=32, stemmed=True) == [(19, 23)]  # both
+    with pytest.raises(ValueError, match="stemmed"):
+        ReadingConfig(stemmed="yes")
+
+
 def test_ranking_fusion():
     assert fuse([[5, 1, 2], [2, 9]]) == [2, 5, 1, 9]  # 2 is in both lists
     cands = list(range(1, 20))
@@ -138,6 +170,8 @@ def test_a_question_reads_a_passage_afresh_and_attends_only_to_it(tiny_model, tm
         assert (a, b) == (407 - 24, 407 + 24) and reading.ranked == [12]  # centred on "quokka" (token 407)
         assert reading.lexical_scores.keys() == {12} and reading.attention_votes == {}
         assert reading.pages == [11, 12, 13] and sorted(tm.cache.reencoded) == [0, 11, 12, 13]
+        again = choose(tm.cache, question, "where is the quokka", framed, lm.codec, 6)  # nothing encoded
+        assert again.passages == reading.passages and again.ranked == reading.ranked
         assert tm.cache.reencoded_start[0] == 0 and tm.cache.reencoded[0][0][0].shape[1] == 6  # the frame
         assert isinstance(tm.cache.policy, CompactReading)
         n_doc = len(art.page_keys)

@@ -45,6 +45,8 @@ class ReadingConfig:
     # joined text), so that a place where several of the question's words meet outranks a page where one of
     # them repeats. None: as many pages as one passage spans; 1: each page alone.
     run_pages: int | None = None
+    # The lexical signal matches words by a light stem (index.lexical.stem: "harpooned" meets "harpoon").
+    stemmed: bool = False
 
     def __post_init__(self):
         check_ints(self, {"passages": (1, MAX_COUNT), "passage_tokens": (1, MAX_COUNT),
@@ -52,6 +54,8 @@ class ReadingConfig:
                           "run_pages": (1, MAX_COUNT)})
         if self.signal not in READING_SIGNALS:
             raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
+        if not isinstance(self.stemmed, bool):
+            raise ValueError(f"reading stemmed must be True or False, got {self.stemmed!r}")
 
 
 @dataclass(frozen=True)

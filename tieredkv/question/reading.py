@@ -33,7 +33,6 @@ from typing import Sequence
 
 import numpy as np
 
-from index.lexical import STOPWORDS
 from tieredkv.engine.placement import PlacementPolicy
 from tieredkv.engine.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
 from tieredkv.engine.working_set import retrieval_excluded
@@ -66,25 +65,29 @@ class Reading:
 
 
 # ----------------------------------------------------------------------------- the signals
-def lexical_index(cache, codec):
-    """BM25 over the text of every sealed page of `cache`, built at a context's first question."""
+def lexical_index(cache, codec, stemmed: bool = False):
+    """BM25 over the text of every sealed page of `cache` (words `stemmed` or as they are), built at a
+    context's first question."""
     from index.lexical import BM25Index
 
-    if cache.lexical_index is None or len(cache.lexical_index) != len(cache.spans):
-        cache.lexical_index = BM25Index([codec.decode(cache.page_token_ids(p)) for p in range(len(cache.spans))])
-    return cache.lexical_index
+    index = cache.lexical_index
+    if index is None or len(index) != len(cache.spans) or index.stemmed != stemmed:
+        texts = [codec.decode(cache.page_token_ids(p)) for p in range(len(cache.spans))]
+        index = cache.lexical_index = BM25Index(texts, stemmed=stemmed)
+    return index
 
 
-def lexical_scores(cache, candidates: Sequence[int], query: str, codec) -> dict[int, float]:
+def lexical_scores(cache, candidates: Sequence[int], query: str, codec, stemmed: bool = False) -> dict[int, float]:
     """Page id -> BM25 of `query`'s words over the page's text (pages where none occurs are left out)."""
-    scores = lexical_index(cache, codec).scores(query)
+    scores = lexical_index(cache, codec, stemmed).scores(query)
     return {p: float(scores[p]) for p in candidates if scores[p] > 0}
 
 
-def lexical_runs(cache, candidates: Sequence[int], query: str, codec, run: int) -> dict[int, float]:
+def lexical_runs(cache, candidates: Sequence[int], query: str, codec, run: int, stemmed: bool = False
+                 ) -> dict[int, float]:
     """First page -> BM25 of `query`'s words over the run of `run` pages from it, for runs starting at a candidate
     (runs where none occurs are left out; with fewer pages than `run`, the one run of them all)."""
-    scores = lexical_index(cache, codec).run_scores(query, run)
+    scores = lexical_index(cache, codec, stemmed).run_scores(query, run)
     return {p: float(scores[p]) for p in candidates if p < len(scores) and scores[p] > 0}
 
 
@@ -117,15 +120,15 @@ def rank(candidates: Sequence[int], votes: dict[int, int] | None, lexical: dict[
 
 
 # ----------------------------------------------------------------------------- passages
-def word_weights(token_texts: Sequence[str], weights: dict[str, float]) -> np.ndarray:
-    """[T] per token: the summed weight of the question's words that start in it."""
+def word_weights(token_texts: Sequence[str], weights: dict[str, float], term=lambda w: w) -> np.ndarray:
+    """[T] per token: the summed weight of the question's words (by their `term`) that start in it."""
     text, starts = "", []
     for t in token_texts:
         starts.append(len(text))
         text += t
     out = np.zeros(len(token_texts))
     for m in _WORD.finditer(text.lower()):
-        w = weights.get(m.group())
+        w = weights.get(term(m.group()))
         if w:
             out[np.searchsorted(starts, m.start(), side="right") - 1] += w
     return out
@@ -144,13 +147,14 @@ def centre(weights: Sequence[float], width: int) -> int:
 
 
 def places(cache, ranked: Sequence[int], query: str, count: int, width: int, codec, *,
-           first: int, end: int, run: int = 1) -> list[tuple[int, int]]:
+           first: int, end: int, run: int = 1, stemmed: bool = False) -> list[tuple[int, int]]:
     """Token ranges [a, b) (own positions, within [first, end)) of up to `count` passages of `width` tokens,
     best run first (`ranked`: the first page of each run of `run` pages): each centred where the question's
     words are densest in and around the run's best page (BM25 over pages alone; ties: the earlier page).
     A run that overlaps a passage already placed is passed over (the places read are distinct)."""
-    index = lexical_index(cache, codec)
-    weights = {w: index.idf.get(w, 0.0) for w in set(_WORD.findall(query.lower())) if w not in STOPWORDS}
+    index = lexical_index(cache, codec, stemmed)
+    terms = {index.term(w) for w in _WORD.findall(query.lower())} - {None}
+    weights = {t: index.idf.get(t, 0.0) for t in terms}
     page_scores = index.scores(query) if run > 1 else None
     spans, out = cache.spans, []
     for r in ranked:
@@ -163,7 +167,7 @@ def places(cache, ranked: Sequence[int], query: str, count: int, width: int, cod
         lo_page, hi_page = max(0, p - 1), min(len(spans), p + 2)
         ids = [t for q in range(lo_page, hi_page) for t in cache.page_token_ids(q)]
         around = spans[lo_page].start  # own position of ids[0]
-        dense = word_weights([codec.decode([t]) for t in ids], weights)
+        dense = word_weights([codec.decode([t]) for t in ids], weights, index.term)
         # the centre lies in page p (its neighbours only widen the window the passage may use)
         c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], width)
         a = max(first, min(around + c - width // 2, end - width))
@@ -244,30 +248,45 @@ def run_pages(config: ReadingConfig, page_size: int) -> int:
     return config.run_pages or max(1, config.passage_tokens // page_size)
 
 
-def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec) -> Reading:
-    """Find the question's passages, read them afresh right before it (the frame first), and make
-    attention see only them and the question (`CompactReading`)."""
-    from tieredkv.question.reencode import encode_fragments
-
-    spans, end = cache.spans, cache.sealed_upto
+def frame_end(cache, config: ReadingConfig) -> int:
+    """Where the context's frame ends (`config.frame_tokens`, else the sink pages), at most its sealed end."""
+    spans = cache.spans
     frame = (config.frame_tokens if config.frame_tokens is not None
              else spans[min(cache.config.sink_pages, len(spans)) - 1].end)
-    frame = min(frame, end)
+    return min(frame, cache.sealed_upto)
+
+
+def choose(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec, frame: int) -> Reading:
+    """The passages the question reads (`Reading`; nothing is encoded): the signal ranks the pages, `places` puts
+    the passages, and with more candidates than passages the model judges them."""
+    spans, end = cache.spans, cache.sealed_upto
     candidates = [s.page_id for s in spans if s.end > frame]
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}
     run = max(1, min(run_pages(config, cache.page_size), len(candidates)))  # a short document: one run of it all
-    words = {} if config.signal == "attention" else (lexical_runs(cache, candidates, query, codec, run)
-                                                     if run > 1 else lexical_scores(cache, candidates, query, codec))
+    stemmed = config.stemmed
+    words = {} if config.signal == "attention" else (
+        lexical_runs(cache, candidates, query, codec, run, stemmed) if run > 1
+        else lexical_scores(cache, candidates, query, codec, stemmed))
     ranked = rank(candidates, votes, words, config.signal)
     found = places(cache, ranked, query, max(config.passages, config.candidates), config.passage_tokens, codec,
-                   first=frame, end=end, run=run)
+                   first=frame, end=end, run=run, stemmed=stemmed)
     judged = likelihoods(cache, frame, found, prompt_ids) if len(found) > config.passages else []
     if judged:
         found = [r for _, r in sorted(zip(judged, found), key=lambda x: -x[0])]  # stable: ties keep the signal's order
     # nothing matched (no word of the question in the document): read the document's end, as truncation does
     ranges = merge(found[:config.passages]) or [(max(frame, end - config.passage_tokens * config.passages), end)]
-    parts = fragments(spans, merge([(0, frame), *ranges]))
-    encode_fragments(cache, parts, end, keep_packed=True)
-    cache.policy = CompactReading(len(spans))  # this context only: a reset restores the model's policy
     return Reading(ranges, [p for p, _, _ in fragments(spans, ranges)], ranked, votes, words,
                    found if judged else [], sorted(judged, reverse=True))
+
+
+def read(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec) -> Reading:
+    """Find the question's passages (`choose`), read them afresh right before it (the frame first), and make
+    attention see only them and the question (`CompactReading`)."""
+    from tieredkv.question.reencode import encode_fragments
+
+    frame = frame_end(cache, config)
+    reading = choose(cache, prompt_ids, query, config, codec, frame)
+    parts = fragments(cache.spans, merge([(0, frame), *reading.passages]))
+    encode_fragments(cache, parts, cache.sealed_upto, keep_packed=True)
+    cache.policy = CompactReading(len(cache.spans))  # this context only: a reset restores the model's policy
+    return reading
