@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.report import environment, recheck_block
+from bench.lib.report import environment, recheck_block
 from tieredkv.provenance.recheck import repo_root, run_subprocess
 
 BENCHMARKS = ("passkey", "memory_vs_context", "graft_vs_recompute", "restore_ceiling", "fault_suite", "remote_tier",

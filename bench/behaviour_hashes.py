@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-from bench.report import environment
+from bench.lib.report import environment
 from paging import PageStore, StoreConfig
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel

@@ -23,7 +23,7 @@ import dataclasses
 import math
 import time
 
-from bench.common import markdown_table
+from bench.lib.common import markdown_table
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
 from tieredkv.engine.placement import OwnPositions

@@ -42,12 +42,12 @@ from pathlib import Path
 
 import torch
 
+from bench.lib.report import environment, sha256_ids, write_report
 from bench.longdoc_budget import BUDGET_SYSTEMS
 from bench.longdoc_budget import answer as budget_answer
 from bench.longdoc_check import SETS as QUESTION_SETS
 from bench.longdoc_recheck import block as recheck_block
 from bench.longdoc_recheck import domain, print_rerun
-from bench.report import environment, sha256_ids, write_report
 from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill

@@ -9,7 +9,7 @@ equal on any machine, and what came out (each row's output ids), equal in the sa
 """
 from __future__ import annotations
 
-from bench.report import print_recheck, recheck_block
+from bench.lib.report import print_recheck, recheck_block
 from tieredkv.provenance.domain import determinism_domain
 
 RECHECK_SYSTEMS = ("ceiling", "bm25")

@@ -17,7 +17,7 @@ own, and in every later window each timed chunk alternates with one of its chunk
 checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`). With `--decode-pair 8192`
 every decode step alternates with one of a second context of 8,192 tokens (`decode_vs_pair`).
 
-Each checkpoint also reports the page search (search_probe.py): ms per decode step inside the timed steps,
+Each checkpoint also reports the page search (bench/lib/search_probe.py): ms per decode step inside the timed steps,
 and over a few more steps the flat scan's ms on the same queries and the recall of its top-k (the search
 is exact: recall 1.0 and identical selections, checked, not assumed).
 
@@ -45,9 +45,17 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench.common import add_retrieval_args, retrieval_kwargs
-from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
-from bench.search_probe import SearchProbe
+from bench.lib.common import add_retrieval_args, retrieval_kwargs
+from bench.lib.report import (
+    environment,
+    print_recheck,
+    recheck_block,
+    recipe_argv,
+    sha256_ids,
+    sha256_json,
+    write_report,
+)
+from bench.lib.search_probe import SearchProbe
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.engine.tiered_config import TieredConfig

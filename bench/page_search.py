@@ -29,9 +29,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import markdown_table
+from bench.lib.common import markdown_table
+from bench.lib.report import (
+    environment,
+    print_recheck,
+    recheck_block,
+    recipe_argv,
+    sha256_ids,
+    sha256_json,
+    write_report,
+)
 from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
-from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
 from index import PageIndex, quest_bound
 from paging import PageStore, StoreConfig
 from tieredkv.engine.tiered_config import TieredConfig

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
-from bench.common import markdown_table
+from bench.lib.common import markdown_table
+from bench.lib.report import environment, print_recheck, recheck_block, write_report
 from bench.longctx_tasks import SUITE
 from bench.longdoc_budget import BUDGET_SYSTEMS, budget_config, run_budget
 from bench.passkey import run_qa
-from bench.report import environment, print_recheck, recheck_block, write_report
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import kv_bytes_per_token, load_model
 from tieredkv.provenance.domain import determinism_domain

@@ -29,7 +29,15 @@ from pathlib import Path
 
 import torch
 
-from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
+from bench.lib.report import (
+    environment,
+    print_recheck,
+    recheck_block,
+    recipe_argv,
+    sha256_ids,
+    sha256_json,
+    write_report,
+)
 from paging import PageStore, StoreConfig
 from testkit.graft_child import continuation_logits
 from tieredkv.artifacts.artifact import deposit, graft

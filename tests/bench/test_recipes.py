@@ -23,7 +23,7 @@ import pytest
 
 from bench import digest, memory_vs_context
 from bench.add_recipe import add_recipe
-from bench.report import recipe_argv
+from bench.lib.report import recipe_argv
 from tieredkv.provenance.recheck import load_report, plan_for, recheck, run_subprocess
 
 REPO = Path(__file__).resolve().parents[2]
