@@ -1,8 +1,8 @@
 """Real-document question answering, offline: the tiered path against what a user would otherwise do.
 
-The document is real prose and reference text that ships with CPython and Debian (`longdoc_corpus.py`,
+The document is real prose and reference text that ships with CPython and Debian (`corpora/longdoc.py`,
 ~151K SmolLM2 tokens); the questions are hand-written, with short accepted answers
-(`data/longdoc_questions.json`, checked by `longdoc_check.py`). For each context length the corpus
+(`corpora/longdoc_questions.json`, checked by `longdoc_check.py`). For each context length the corpus
 is cut into windows of that many tokens; each question is asked over the window that holds its
 evidence, so the answer sits at some depth of a document of that length. Per question, in one run:
 
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import torch
 
+from bench.corpora import QUESTION_SETS
 from bench.lib.report import environment, sha256_ids, write_report
 from bench.longdoc_budget import BUDGET_SYSTEMS
 from bench.longdoc_budget import answer as budget_answer
-from bench.longdoc_check import SETS as QUESTION_SETS
 from bench.longdoc_recheck import block as recheck_block
 from bench.longdoc_recheck import domain, print_rerun
 from index.lexical import bm25_scores
@@ -473,8 +473,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--lengths", default="16k,32k,128k")
     ap.add_argument("--set", default="longdoc", choices=sorted(QUESTION_SETS), dest="question_set",
-                    help="the corpus and its questions: longdoc (CPython and Debian text, data/longdoc_questions.json) "
-                         "or news (300 news articles, data/news_questions.json, kept out of every tuning step)")
+                    help="the corpus and its questions (bench/corpora/): longdoc (CPython and Debian text, "
+                         "longdoc_questions.json) or news (300 news articles, news_questions.json, kept out of every "
+                         "tuning step)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--full-max", default="32k", help="run `full` only up to this length (quadratic attention)")
     ap.add_argument("--questions", help="comma list of question ids (default: all)")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from bench.corpora.tasks import HAYSTACKS, TASKS
 from bench.lib.common import add_retrieval_args, retrieval_kwargs
 from bench.lib.report import environment, recheck_block, recipe_argv, write_report
-from bench.longctx_tasks import HAYSTACKS, TASKS
 from index import PageIndex
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages

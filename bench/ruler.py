@@ -1,7 +1,7 @@
 """Accuracy against device budget on a synthetic long-context suite (RULER-style), inside the window.
 
 Seven task families generated from a seed over real prose (the Python language reference;
-`bench/longctx_tasks.py`: passkey, multikey, multivalue, multiquery, vartrack, aggregate, extract), each
+`bench/corpora/tasks.py`: passkey, multikey, multivalue, multiquery, vartrack, aggregate, extract), each
 asked over documents that fit the model's window, where keys at their own positions are exact. Per sample,
 in one run:
 
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
+from bench.corpora.tasks import SUITE
 from bench.lib.common import markdown_table
 from bench.lib.report import environment, print_recheck, recheck_block, write_report
-from bench.longctx_tasks import SUITE
 from bench.longdoc_budget import BUDGET_SYSTEMS, budget_config, run_budget
 from bench.passkey import run_qa
 from tieredkv.artifacts.artifact import prefill
