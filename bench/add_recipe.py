@@ -26,7 +26,7 @@ from tieredkv.provenance.recheck import repo_root, run_subprocess
 
 BENCHMARKS = ("passkey", "memory_vs_context", "graft_vs_recompute", "restore_ceiling", "fault_suite", "remote_tier",
               "longdoc_qa", "ask_session", "digest", "model_load", "page_search", "store_lifecycle")
-MODULES = {"longdoc_qa": "longdoc_recheck"}  # where a benchmark keeps its recipe, when not in its own module
+MODULES = {"longdoc_qa": "longdoc.recipe"}  # where a benchmark keeps its recipe, when not in its own module
 
 
 def benchmark_of(path: Path) -> str:

@@ -11,7 +11,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
     tiered-read     the same with the question-time reading at any length (inside the window too)
     tiered-read-page  the reading with its place found by the best single page (ReadingConfig.run_pages=1)
     tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
-    ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc_budget.py)
+    ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc/budget.py)
     tiered-attend   the same with no question-time step: attention over the stored pages
     tiered-attend-words  the same, the stored pages chosen by the question's words (TieredConfig.selection="lexical")
     ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
@@ -44,10 +44,10 @@ import torch
 
 from bench.corpora import QUESTION_SETS
 from bench.lib.report import environment, sha256_ids, write_report
-from bench.longdoc_budget import BUDGET_SYSTEMS
-from bench.longdoc_budget import answer as budget_answer
-from bench.longdoc_recheck import block as recheck_block
-from bench.longdoc_recheck import domain, print_rerun
+from bench.longdoc.budget import BUDGET_SYSTEMS
+from bench.longdoc.budget import answer as budget_answer
+from bench.longdoc.recipe import block as recheck_block
+from bench.longdoc.recipe import domain, print_rerun
 from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
@@ -318,7 +318,7 @@ class Runner:
 
     def signals(self, item: Item, q_ids: list[int]) -> dict:
         """Rank of the answer page among the document's pages under each signal (None: not ranked)."""
-        from bench.longdoc_signals import signal_ranks
+        from bench.longdoc.signals import signal_ranks
 
         w = item.window
         config = qa_config(self.lm, len(w.doc_ids) + len(q_ids) + self.a.max_new_tokens, **self.variant)
