@@ -2,7 +2,7 @@
 
 The document is real prose and reference text that ships with CPython and Debian (`corpora/longdoc.py`,
 ~151K SmolLM2 tokens); the questions are hand-written, with short accepted answers
-(`corpora/longdoc_questions.json`, checked by `longdoc_check.py`). For each context length the corpus
+(`corpora/longdoc_questions.json`, checked by `tools/longdoc_check.py`). For each context length the corpus
 is cut into windows of that many tokens; each question is asked over the window that holds its
 evidence, so the answer sits at some depth of a document of that length. Per question, in one run:
 

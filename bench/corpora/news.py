@@ -10,7 +10,7 @@ Text: the articles in file order, each stripped of surrounding whitespace, separ
 ending with a newline. Each article is a Section titled "article N" (N from 1) with source "lee:N"; the
 one Source is "lee". The text depends only on the pinned member file; `Corpus.python_version` records the
 interpreter that built it, as in `bench.corpora.longdoc`. Questions over this corpus live in
-`bench/corpora/news_questions.json`; `python -m bench.longdoc_check --set news` validates them (`--tokens`
+`bench/corpora/news_questions.json`; `python -m bench.tools.longdoc_check --set news` validates them (`--tokens`
 also counts the SmolLM2 tokens).
 
     from bench.corpora.news import build_corpus

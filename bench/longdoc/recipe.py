@@ -54,7 +54,7 @@ def block(rows: list[dict], info: dict, question_set: str) -> dict | None:
     return recheck_block("bench.longdoc_qa", _args(chosen, question_set), outputs, inputs=inputs)
 
 
-# `python -m bench.add_recipe` on a report made before longdoc_qa wrote a recipe
+# `python -m bench.tools.add_recipe` on a report made before longdoc_qa wrote a recipe
 def recipe_for_report(report: dict, threads: int) -> list[str]:
     chosen = recipe_rows(report["rows"])
     if not chosen:

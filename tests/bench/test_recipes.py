@@ -2,7 +2,7 @@
 
 memory_vs_context on tiny-llama: the report is made by one process and its recipe re-run by another, as a
 reader would; a tampered output, input or relation fails the recheck; a recipe added to a report made
-without one (bench.add_recipe) says so and reproduces the report's own hashes. The committed reports that
+without one (bench.tools.add_recipe) says so and reproduces the report's own hashes. The committed reports that
 back a number each carry a recipe. store_lifecycle and page_search on tiny-llama (small runs): a full run's
 recipe replays in another process; digest's methods are checked against their references.
 """
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from bench import digest, memory_vs_context
-from bench.add_recipe import add_recipe
 from bench.lib.report import recipe_argv
+from bench.tools.add_recipe import add_recipe
 from tieredkv.provenance.recheck import load_report, plan_for, recheck, run_subprocess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 ARGS = ["--model", "tiny-llama", "--contexts", "8192,6144", "--decode-tokens", "3", "--no-plain", "--threads", "1",
         "--ref-contexts", "6144"]
 AMD = "AuthenticAMD AMD EPYC 7B13 64-Core Processor"
-# reports whose recipe bench.add_recipe added, by the benchmark that makes them
+# reports whose recipe bench.tools.add_recipe added, by the benchmark that makes them
 ADDED = ["ask_session.json", "model_load.json", "page_search.tiny-llama.json", "store_lifecycle.json"]
 COMMITTED = ["passkey.json", "passkey.prose.json", "graft_vs_recompute.json", "restore_ceiling.json",
              "fault_suite.json", "remote_tier.json", "memory_vs_context.tiny-llama.json",

@@ -1,6 +1,6 @@
 """Add a `tieredkv recheck` recipe to a report made before its benchmark wrote one.
 
-    python -m bench.add_recipe bench/results/graft_vs_recompute.json
+    python -m bench.tools.add_recipe bench/results/graft_vs_recompute.json
 
 Runs the benchmark's `--recheck-only` subset now, with the arguments the report records and one torch
 thread, and writes what it printed into the report's "recheck" block: the argv, its hashes, its own

