@@ -150,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--groups", default="4,8,16,32,64")
     ap.add_argument("--tile", default="1,8,22")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--out", default="bench/results/page_search.tiny-llama.json")
+    ap.add_argument("--out", default="bench/results/page_search.json")
     ap.add_argument("--threads", type=int, help="torch threads (default 1; recorded in the environment and recipe)")
     ap.add_argument("--recheck-only", action="store_true",
                     help="the same searches, untimed: print {outputs, inputs, relations, domain} without writing "
