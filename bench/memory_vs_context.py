@@ -49,22 +49,14 @@ import psutil
 import torch
 
 from bench.lib.common import add_retrieval_args, retrieval_kwargs
-from bench.lib.report import (
-    environment,
-    print_recheck,
-    recheck_block,
-    recipe_argv,
-    sha256_ids,
-    sha256_json,
-    write_run,
-)
+from bench.lib.report import environment, print_recheck, recheck_block, recipe_argv, sha256_json, write_run
 from bench.lib.search_probe import SearchProbe
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
-from tieredkv.provenance.domain import determinism_domain
+from tieredkv.provenance.domain import determinism_domain, sha256_ids
 from tieredkv.question.corpus import python_reference
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"

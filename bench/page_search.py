@@ -30,22 +30,14 @@ import numpy as np
 import torch
 
 from bench.lib.common import markdown_table
-from bench.lib.report import (
-    environment,
-    print_recheck,
-    recheck_block,
-    recipe_argv,
-    sha256_ids,
-    sha256_json,
-    write_report,
-)
+from bench.lib.report import environment, print_recheck, recheck_block, recipe_argv, sha256_json, write_report
 from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
 from index import PageIndex, quest_bound
 from paging import PageStore, StoreConfig
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
-from tieredkv.provenance.domain import determinism_domain
+from tieredkv.provenance.domain import determinism_domain, sha256_ids
 
 PAGE_SIZE = 128
 
