@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from bench.report import environment, print_recheck, recheck_block, sha256_ids, sha256_json, write_report
+from bench.lib.report import environment, print_recheck, recheck_block, sha256_ids, sha256_json, write_report
 from tieredkv.engine.tiered_model import TieredModel
 from tieredkv.question.ask import QUIET
 from tieredkv.question.corpus import default_document

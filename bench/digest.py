@@ -37,8 +37,8 @@ import blake3
 import numpy as np
 import torch
 
-from bench.common import environment, markdown_table, sha256_ids, write_report
-from bench.report import print_recheck, recheck_block, sha256_json
+from bench.lib.common import environment, markdown_table, sha256_ids, write_report
+from bench.lib.report import print_recheck, recheck_block, sha256_json
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import deposit
 from tieredkv.models.loading import load_model

@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 import torch
 
-from bench.common import environment, markdown_table, write_report
-from bench.report import print_recheck, recheck_block, sha256_json
+from bench.lib.common import environment, markdown_table, write_report
+from bench.lib.report import print_recheck, recheck_block, sha256_json
 from testkit import faults as fc
 from testkit import trust_faults as tf
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import environment, sha256_ids, write_report
+from bench.lib.common import environment, sha256_ids, write_report
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import deposit, prefill
 from tieredkv.engine.tiered_config import TieredConfig

@@ -40,8 +40,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bench.common import drop_file_cache, environment, markdown_table, sha256_ids, timed, write_report
-from bench.report import print_recheck, recheck_block
+from bench.lib.common import drop_file_cache, environment, markdown_table, sha256_ids, timed, write_report
+from bench.lib.report import print_recheck, recheck_block
 from paging import PageLayout, PageStore, StoreConfig
 from paging.restore import restore_nbytes
 from testkit.redis_server import RedisServer

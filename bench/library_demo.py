@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from bench.report import environment, recheck_block, sha256_ids, write_report
+from bench.lib.report import environment, recheck_block, sha256_ids, write_report
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import graft, grafted_token_ids, load_artifact
 from tieredkv.library.solutions import Library, answer_plain

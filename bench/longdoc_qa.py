@@ -1,8 +1,8 @@
 """Real-document question answering, offline: the tiered path against what a user would otherwise do.
 
-The document is real prose and reference text that ships with CPython and Debian (`longdoc_corpus.py`,
+The document is real prose and reference text that ships with CPython and Debian (`corpora/longdoc.py`,
 ~151K SmolLM2 tokens); the questions are hand-written, with short accepted answers
-(`data/longdoc_questions.json`, checked by `longdoc_check.py`). For each context length the corpus
+(`corpora/longdoc_questions.json`, checked by `tools/longdoc_check.py`). For each context length the corpus
 is cut into windows of that many tokens; each question is asked over the window that holds its
 evidence, so the answer sits at some depth of a document of that length. Per question, in one run:
 
@@ -11,7 +11,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
     tiered-read     the same with the question-time reading at any length (inside the window too)
     tiered-read-page  the reading with its place found by the best single page (ReadingConfig.run_pages=1)
     tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
-    ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc_budget.py)
+    ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc/budget.py)
     tiered-attend   the same with no question-time step: attention over the stored pages
     tiered-attend-words  the same, the stored pages chosen by the question's words (TieredConfig.selection="lexical")
     ceiling     the plain model over only the 512 tokens around the evidence (what it can do when
@@ -24,7 +24,11 @@ evidence, so the answer sits at some depth of a document of that length. Per que
 An answer is correct when it contains an accepted string (case-insensitive, whitespace runs as one
 space). Documents are ingested once into stores under --work and reused by later runs.
 
-    python -m bench.longdoc_qa --lengths 32k --systems tiered,ceiling,bm25 --out bench/results/longdoc_qa.32k.json
+The report holds one run per question set and lengths (`--run`, default: "news" for the news set, "window"
+inside the model's window, else the lengths), each a report of its own with its recheck recipe:
+
+    python -m bench.longdoc_qa --lengths 32k --systems tiered,ceiling,bm25 --resume   # run "32k" of longdoc_qa.json
+    python -m bench.longdoc_qa --render 16k,32k,128k                                  # their table and longdoc_qa.png
 """
 from __future__ import annotations
 
@@ -42,12 +46,12 @@ from pathlib import Path
 
 import torch
 
-from bench.longdoc_budget import BUDGET_SYSTEMS
-from bench.longdoc_budget import answer as budget_answer
-from bench.longdoc_check import SETS as QUESTION_SETS
-from bench.longdoc_recheck import block as recheck_block
-from bench.longdoc_recheck import domain, print_rerun
-from bench.report import environment, sha256_ids, write_report
+from bench.corpora import QUESTION_SETS
+from bench.lib.report import environment, read_run, sha256_ids, write_run
+from bench.longdoc.budget import BUDGET_SYSTEMS
+from bench.longdoc.budget import answer as budget_answer
+from bench.longdoc.recipe import block as recheck_block
+from bench.longdoc.recipe import domain, print_rerun
 from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
@@ -318,7 +322,7 @@ class Runner:
 
     def signals(self, item: Item, q_ids: list[int]) -> dict:
         """Rank of the answer page among the document's pages under each signal (None: not ranked)."""
-        from bench.longdoc_signals import signal_ranks
+        from bench.longdoc.signals import signal_ranks
 
         w = item.window
         config = qa_config(self.lm, len(w.doc_ids) + len(q_ids) + self.a.max_new_tokens, **self.variant)
@@ -460,12 +464,23 @@ def plot(rows: list[dict], model: str, path: Path) -> None:
     plt.close(fig)
 
 
-def render(paths: list[str], out: Path) -> None:
-    """Combine reports (one per length, say): a table on stdout and a plot at `out`."""
-    reports = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [r for rep in reports for r in rep["rows"]]
-    plot(rows, reports[0]["model"], out)
+def render(report: Path, runs: list[str], out: Path) -> None:
+    """Combine runs of the report (one per length, say): a table on stdout and a plot at `out`."""
+    chosen = [read_run(report, "longdoc_qa", name) for name in runs]
+    missing = [name for name, run in zip(runs, chosen) if run is None]
+    if missing:
+        raise SystemExit(f"{report} has no run {', '.join(missing)}")
+    rows = [r for run in chosen for r in run["rows"]]
+    plot(rows, chosen[0]["model"], out)
     print(table(rows))
+
+
+def default_run(a: argparse.Namespace) -> str:
+    """The run a run writes when --run is not given: the news set's, the window's (every length inside the
+    model's window), or the lengths'."""
+    if a.question_set != "longdoc":
+        return a.question_set
+    return "window" if set(a.length_list) <= {"4k", "8k"} else "-".join(a.length_list)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -473,8 +488,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--lengths", default="16k,32k,128k")
     ap.add_argument("--set", default="longdoc", choices=sorted(QUESTION_SETS), dest="question_set",
-                    help="the corpus and its questions: longdoc (CPython and Debian text, data/longdoc_questions.json) "
-                         "or news (300 news articles, data/news_questions.json, kept out of every tuning step)")
+                    help="the corpus and its questions (bench/corpora/): longdoc (CPython and Debian text, "
+                         "longdoc_questions.json) or news (300 news articles, news_questions.json, kept out of every "
+                         "tuning step)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--full-max", default="32k", help="run `full` only up to this length (quadratic attention)")
     ap.add_argument("--questions", help="comma list of question ids (default: all)")
@@ -487,13 +503,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     ap.add_argument("--page-size", type=int, default=128)
     ap.add_argument("--work", default="bench/.longdoc", help="stores of ingested windows (kept across runs)")
-    ap.add_argument("--out", default="bench/results/longdoc_qa.json")
-    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, run the rest")
+    ap.add_argument("--out", default="bench/results/longdoc_qa.json", help="the report; a run writes its --run")
+    ap.add_argument("--run", help="the run of --out to write (default: news, window or the lengths: default_run)")
+    ap.add_argument("--plot", help="also draw the run's figure here (png); with --render, the combined figure "
+                    "(default: --out with a .png suffix)")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in the run, run the rest")
     ap.add_argument("--recheck-only", action="store_true",
                     help="run the rows and print {outputs, inputs, domain}, writing nothing (`tieredkv recheck`)")
     ap.add_argument("--threads", type=int)
-    ap.add_argument("--render", nargs="+", metavar="REPORT", help="only combine these reports: a table, and a plot "
-                    "at --out with a .png suffix")
+    ap.add_argument("--render", metavar="RUNS", help="only combine these runs of --out (comma list): a table, and "
+                    "a plot at --plot")
     return ap
 
 
@@ -508,6 +527,7 @@ def checked_args(ap: argparse.ArgumentParser, argv) -> argparse.Namespace:
         parse_variant(a.tiered)
     except (ValueError, TypeError) as e:
         ap.error(str(e))
+    a.run = a.run or default_run(a)
     return a
 
 
@@ -545,8 +565,8 @@ def answer_row(lm, runner: Runner, it, system: str, q_ids: list[int]) -> dict:
 
 
 def run_items(lm, runner: Runner, a: argparse.Namespace, items: list, report: dict, out: Path | None) -> None:
-    """Answer every (question, system) not already in the report, writing the report after each row (to
-    `out`; None: nothing written)."""
+    """Answer every (question, system) not already in the report, writing the report after each row (as
+    run a.run of `out`; None: nothing written)."""
     rows = report["rows"]
     done = {(r["length"], r["id"], r["system"]) for r in rows}
     full_max = list(LENGTHS).index(a.full_max)
@@ -563,14 +583,14 @@ def run_items(lm, runner: Runner, a: argparse.Namespace, items: list, report: di
             rows.append(answer_row(lm, runner, it, system, q_ids))
             report["summary"] = summarize(rows)
             if out is not None:
-                write_report(out, report)
+                write_run(out, "longdoc_qa", a.run, report)
 
 
 def main(argv=None) -> int:
     ap = parser()
     a = checked_args(ap, argv)
     if a.render:
-        render(a.render, Path(a.out).with_suffix(".png"))
+        render(Path(a.out), a.render.split(","), Path(a.plot or Path(a.out).with_suffix(".png")))
         return 0
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -588,7 +608,8 @@ def main(argv=None) -> int:
         print_rerun(lm, report["rows"], info, a.page_size)
         return 0
     out = Path(a.out)
-    rows = json.loads(out.read_text())["rows"] if a.resume and out.exists() else []
+    done = read_run(out, "longdoc_qa", a.run) if a.resume else None
+    rows = done["rows"] if done else []
     report = new_report(lm, a, info, rows)
     run_items(lm, runner, a, items, report, out)
     report["summary"] = summarize(rows)
@@ -596,8 +617,9 @@ def main(argv=None) -> int:
     recipe = recheck_block(rows, info, a.question_set)
     if recipe is not None:
         report["recheck"] = recipe
-    write_report(out, report)
-    plot(rows, lm.name, out.with_suffix(".png"))
+    write_run(out, "longdoc_qa", a.run, report)
+    if a.plot:
+        plot(rows, lm.name, Path(a.plot))
     print(table(rows))
     return 0
 

@@ -17,9 +17,12 @@ own, and in every later window each timed chunk alternates with one of its chunk
 checkpoint against ingest near 8K, in one time window (`ingest_window_vs_pair`). With `--decode-pair 8192`
 every decode step alternates with one of a second context of 8,192 tokens (`decode_vs_pair`).
 
-Each checkpoint also reports the page search (search_probe.py): ms per decode step inside the timed steps,
-and over a few more steps the flat scan's ms on the same queries and the recall of its top-k (the search
+Each checkpoint also reports the page search (bench/lib/search_probe.py): ms per decode step inside the timed
+steps, and over a few more steps the flat scan's ms on the same queries and the recall of its top-k (the search
 is exact: recall 1.0 and identical selections, checked, not assumed).
+
+The report (bench/results/memory_vs_context.json) holds one run per model and configuration: a run writes its
+`--run` (default: the model's name) and leaves the others; `--plot` draws the run's figure.
 
     python -m bench.memory_vs_context --model tiny-llama --contexts 8192,...,1048576 --json
     python -m bench.memory_vs_context --model tiny-llama --contexts 8192,131072,1048576 --no-plain --decode-pair 8192
@@ -45,15 +48,15 @@ from pathlib import Path
 import psutil
 import torch
 
-from bench.common import add_retrieval_args, retrieval_kwargs
-from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
-from bench.search_probe import SearchProbe
+from bench.lib.common import add_retrieval_args, retrieval_kwargs
+from bench.lib.report import environment, print_recheck, recheck_block, recipe_argv, sha256_json, write_run
+from bench.lib.search_probe import SearchProbe
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
-from tieredkv.provenance.domain import determinism_domain
+from tieredkv.provenance.domain import determinism_domain, sha256_ids
 from tieredkv.question.corpus import python_reference
 
 DEFAULT_CONTEXTS = "8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -418,7 +421,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--plain-budget-s", type=float, default=300.0)
     ap.add_argument("--no-plain", action="store_true")
     ap.add_argument("--store", help="store directory (default: a temporary one)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default="bench/results/memory_vs_context.json", help="the report; a run writes its --run")
+    ap.add_argument("--run", help="the run of --out to write (default: the model's name)")
+    ap.add_argument("--plot", help="draw the run's figure here (png)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (recorded in the environment)")
     ap.add_argument("--device", default="cpu", help="model and device tier (cuda: peak CUDA memory per checkpoint)")
@@ -514,7 +519,7 @@ DEVICE_FIELDS = ("device_bytes", "device_tier_bytes", "working_set_buffer_bytes"
 def recipe_args(values: dict, threads: int) -> list[str]:
     """`--recheck-only` with a run's arguments (its report's config.args): the smallest context alone."""
     smallest = min(int(x) for x in str(values["contexts"]).split(","))
-    return recipe_argv(parser(), values, drop=("out", "json", "store", *TIMING_ONLY),
+    return recipe_argv(parser(), values, drop=("out", "run", "plot", "json", "store", *TIMING_ONLY),
                        contexts=str(smallest), threads=threads, recheck_only=True)
 
 
@@ -552,7 +557,6 @@ def main(argv=None) -> int:
     if a.recheck_only:
         a.contexts = str(min(int(x) for x in a.contexts.split(",")))
         a.ref_contexts, a.pair_context, a.decode_pair = "", 0, 0
-    out = Path(a.out or f"bench/results/memory_vs_context.{a.model}.json")
     lm = load_model(a.model)
     lm.model.to(a.device)
     contexts = sorted(int(x) for x in a.contexts.split(","))
@@ -577,10 +581,10 @@ def main(argv=None) -> int:
               "seconds": round(time.perf_counter() - started, 1), "rows": rows, "checks": checks,
               "recheck": recheck_block("bench.memory_vs_context", recipe_args(vars(a), torch.get_num_threads()),
                                        outputs, inputs=inputs, relations=relations, domain=domain)}
-    png = out.with_suffix(".png")
-    plot(rows, png, lm.name)
-    report["plot"] = str(png)
-    write_report(out, report, print_json=a.json)
+    if a.plot:
+        plot(rows, Path(a.plot), lm.name)
+        report["plot"] = a.plot
+    write_run(a.out, "memory_vs_context", a.run or lm.name, report, print_json=a.json)
     print_table(rows, checks)
     return 0
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import environment, write_report
-from bench.report import print_recheck, recheck_block
+from bench.lib.common import environment, write_report
+from bench.lib.report import print_recheck, recheck_block
 from tieredkv.models import fingerprint_cache, loading
 from tieredkv.models.loading import fingerprint_model, load_model
 from tieredkv.provenance.domain import determinism_domain

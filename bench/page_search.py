@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import markdown_table
+from bench.lib.common import markdown_table
+from bench.lib.report import environment, print_recheck, recheck_block, recipe_argv, sha256_json, write_report
 from bench.memory_vs_context import corpus_ids, decode_ms, greedy_step
-from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
 from index import PageIndex, quest_bound
 from paging import PageStore, StoreConfig
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.models.loading import load_model
-from tieredkv.provenance.domain import determinism_domain
+from tieredkv.provenance.domain import determinism_domain, sha256_ids
 
 PAGE_SIZE = 128
 
@@ -142,7 +142,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--groups", default="4,8,16,32,64")
     ap.add_argument("--tile", default="1,8,22")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--out", default="bench/results/page_search.tiny-llama.json")
+    ap.add_argument("--out", default="bench/results/page_search.json")
     ap.add_argument("--threads", type=int, help="torch threads (default 1; recorded in the environment and recipe)")
     ap.add_argument("--recheck-only", action="store_true",
                     help="the same searches, untimed: print {outputs, inputs, relations, domain} without writing "

@@ -8,6 +8,9 @@ fixed) unless --topk-pages / --score-frame say otherwise.
 
     python -m bench.passkey --contexts 4096,8192,16384 --json
     python -m bench.passkey --tasks passkey --contexts 131072 --depths 0.5 --systems tiered-fixed
+
+The report (bench/results/passkey.json) holds one run per haystack and configuration: a run writes its `--run`
+(default: the haystack's name, `filler` or `prose`) and leaves the others.
 """
 from __future__ import annotations
 
@@ -16,13 +19,12 @@ import json
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from bench.common import add_retrieval_args, retrieval_kwargs
-from bench.longctx_tasks import HAYSTACKS, TASKS
-from bench.report import environment, recheck_block, recipe_argv, write_report
+from bench.corpora.tasks import HAYSTACKS, TASKS
+from bench.lib.common import add_retrieval_args, retrieval_kwargs
+from bench.lib.report import environment, read_run, recheck_block, recipe_argv, write_run
 from index import PageIndex
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
@@ -117,7 +119,7 @@ def _write(a, lm, cfg_kw, rows) -> list[dict]:
               "environment": environment(), "domain": domain(lm), "rows": rows, "accuracy": table,
               "recheck": recheck_block("bench.passkey", recipe_args(vars(a), chosen, torch.get_num_threads()),
                                        outputs, inputs=inputs)}
-    write_report(a.out, report)
+    write_run(a.out, "passkey", a.run or a.haystack, report)
     return table
 
 
@@ -154,7 +156,7 @@ def recipe_rows(rows: list[dict]) -> list[dict]:
 def recipe_args(values: dict, chosen: list[dict], threads: int) -> list[str]:
     """`--recheck-only` with a run's arguments (vars(), or its report's config.args) narrowed to the chosen rows."""
     r = chosen[0]
-    return recipe_argv(parser(), values, drop=("out", "json"), tasks=r["task"], contexts=str(r["target_tokens"]),
+    return recipe_argv(parser(), values, drop=("out", "run", "json"), tasks=r["task"], contexts=str(r["target_tokens"]),
                        depths=str(r["depth"]), seeds=1, first_seed=r["seed"],
                        systems=",".join(c["system"] for c in chosen), threads=threads, recheck_only=True)
 
@@ -181,7 +183,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--topk-pages", type=int, help="per KV head (default: TieredConfig's for each policy)")
     ap.add_argument("--summary", default="minmax")
     add_retrieval_args(ap)
-    ap.add_argument("--out", default="bench/results/passkey.json")
+    ap.add_argument("--out", default="bench/results/passkey.json", help="the report; a run writes its --run")
+    ap.add_argument("--run", help="the run of --out to write (default: the haystack's name)")
     ap.add_argument("--multikey-max", type=int, help="run multikey only up to this context")
     ap.add_argument("--plain-max", type=int,
                     help="run the plain model only up to this context (its attention is quadratic)")
@@ -263,7 +266,7 @@ def main(argv=None) -> int:
         print(json.dumps({"outputs": outputs, "inputs": inputs, "domain": domain(lm)}, sort_keys=True))
         return 0
     if a.json:
-        print(Path(a.out).read_text())
+        print(json.dumps(read_run(a.out, "passkey", a.run or a.haystack), indent=1))
     print("\n| task | system | context | accuracy | samples |\n|---|---|---|---|---|")
     for r in table:
         print(f"| {r['task']} | {r['system']} | {r['context_tokens']:,} | {r['accuracy']:.2f} | {r['samples']} |")

@@ -36,7 +36,7 @@ from pathlib import Path
 import redis
 import torch
 
-from bench.report import print_recheck, recheck_block
+from bench.lib.report import print_recheck, recheck_block
 from paging import ROOT_KEY, Page, PageLayout, PageStore, RemoteTier, StoreConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +311,7 @@ def report_hashes(report: dict) -> dict[str, str]:
 
 # -- report ---------------------------------------------------------------------------
 def hardware() -> dict:
-    from bench.report import environment
+    from bench.lib.report import environment
 
     return {**environment(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
             "redis_py": redis.__version__}

@@ -64,8 +64,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from bench.common import environment, markdown_table, sha256_ids, timed, write_report
-from bench.report import print_recheck, recheck_block
+from bench.lib.common import environment, markdown_table, sha256_ids, timed, write_report
+from bench.lib.report import print_recheck, recheck_block
 from paging import PageLayout, PageStore, StoreConfig
 from paging.restore import restore_nbytes, restore_pages, verify_stored
 from tieredkv.artifacts.artifact import deposit, deposit_forward, graft, prefill

@@ -1,7 +1,7 @@
 """Accuracy against device budget on a synthetic long-context suite (RULER-style), inside the window.
 
 Seven task families generated from a seed over real prose (the Python language reference;
-`bench/longctx_tasks.py`: passkey, multikey, multivalue, multiquery, vartrack, aggregate, extract), each
+`bench/corpora/tasks.py`: passkey, multikey, multivalue, multiquery, vartrack, aggregate, extract), each
 asked over documents that fit the model's window, where keys at their own positions are exact. Per sample,
 in one run:
 
@@ -9,7 +9,7 @@ in one run:
     qa          `tieredkv qa`'s configuration for this length (question-time reading of one passage)
     ws12 ws25 ws50 ws25-union stream25 oracle25
                 working sets of a fraction of the document at own positions, no reading
-                (`bench/longdoc_budget.py`); oracle25 forces the evidence pages in (skipped where they
+                (`bench/longdoc/budget.py`); oracle25 forces the evidence pages in (skipped where they
                 do not fit its top-k, as for `aggregate`, whose evidence is everywhere)
 
 A sample is correct when the output holds every expected string; `recall` is the share it holds. Rows
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
-from bench.common import markdown_table
-from bench.longctx_tasks import SUITE
-from bench.longdoc_budget import BUDGET_SYSTEMS, budget_config, run_budget
+from bench.corpora.tasks import SUITE
+from bench.lib.common import markdown_table
+from bench.lib.report import environment, print_recheck, recheck_block, write_report
+from bench.longdoc.budget import BUDGET_SYSTEMS, budget_config, run_budget
 from bench.passkey import run_qa
-from bench.report import environment, print_recheck, recheck_block, write_report
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import kv_bytes_per_token, load_model
 from tieredkv.provenance.domain import determinism_domain

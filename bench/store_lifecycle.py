@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from bench.report import environment, print_recheck, recheck_block, recipe_argv, sha256_ids, sha256_json, write_report
+from bench.lib.report import environment, print_recheck, recheck_block, recipe_argv, sha256_json, write_report
 from paging import PageStore, StoreConfig
 from testkit.graft_child import continuation_logits
 from tieredkv.artifacts.artifact import deposit, graft
 from tieredkv.models.loading import load_model
-from tieredkv.provenance.domain import determinism_domain, sha256_tensor
+from tieredkv.provenance.domain import determinism_domain, sha256_ids, sha256_tensor
 
 
 def _ids(n: int, seed: int) -> list[int]:

@@ -51,7 +51,8 @@ step "exactness + pinned h2d" 150 "$py" -m bench.gpu_check --out "$out/gpu_check
 step "payload digests" 60 "$py" -m bench.digest --tokens 1024 --repeats 5 --out "$out/digest.json"
 step "memory vs context" 200 "$py" -m bench.memory_vs_context --model smollm2 --device cuda \
   --contexts 4096,8192,16384,32768 --chunk-pages 4 --ref-contexts 4096,8192 --rate-window 2048 \
-  --no-plain --decode-tokens 9 --out "$out/memory_vs_context.smollm2.cuda.json"
+  --no-plain --decode-tokens 9 --out "$out/memory_vs_context.json" --run smollm2-cuda \
+  --plot "$out/memory_vs_context.png"
 step "restore ceiling" 110 "$py" -m bench.restore_ceiling --device cuda --tokens 4096 --repeats 3 \
   --deposit-repeats 2 --out "$out/restore_ceiling.cuda.json"
 echo "gpu_check: done in $(( $(date +%s) - start )) s, status $status; JSON in $out" >&2

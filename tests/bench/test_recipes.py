@@ -2,9 +2,10 @@
 
 memory_vs_context on tiny-llama: the report is made by one process and its recipe re-run by another, as a
 reader would; a tampered output, input or relation fails the recheck; a recipe added to a report made
-without one (bench.add_recipe) says so and reproduces the report's own hashes. The committed reports that
-back a number each carry a recipe. store_lifecycle and page_search on tiny-llama (small runs): a full run's
-recipe replays in another process; digest's methods are checked against their references.
+without one (bench.tools.add_recipe) says so and reproduces the report's own hashes, in a report of one run
+or in one run of a report of runs. Every run of the committed reports that back a number carries a recipe.
+store_lifecycle and page_search on tiny-llama (small runs): a full run's recipe replays in another process;
+digest's methods are checked against their references.
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import numpy as np
 import pytest
 
 from bench import digest, memory_vs_context
-from bench.add_recipe import add_recipe
-from bench.report import recipe_argv
-from tieredkv.provenance.recheck import load_report, plan_for, recheck, run_subprocess
+from bench.lib.report import recipe_argv
+from bench.tools.add_recipe import add_recipe
+from tieredkv.provenance.recheck import load_report, plan_for, recheck, recheck_runs, run_subprocess
+from tieredkv.provenance.report_runs import runs_of
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
@@ -32,20 +34,23 @@ ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 ARGS = ["--model", "tiny-llama", "--contexts", "8192,6144", "--decode-tokens", "3", "--no-plain", "--threads", "1",
         "--ref-contexts", "6144"]
 AMD = "AuthenticAMD AMD EPYC 7B13 64-Core Processor"
-# reports whose recipe bench.add_recipe added, by the benchmark that makes them
-ADDED = ["ask_session.json", "model_load.json", "page_search.tiny-llama.json", "store_lifecycle.json"]
-COMMITTED = ["passkey.json", "passkey.prose.json", "graft_vs_recompute.json", "restore_ceiling.json",
-             "fault_suite.json", "remote_tier.json", "memory_vs_context.tiny-llama.json",
-             "memory_vs_context.smollm2.131k-fixed.pair.json", "memory_vs_context.smollm2.131k-own.pair.json",
-             "library_demo.json", "digest.json",
-             *(f"longdoc_qa.{name}.json" for name in ("window", "news", "16k", "32k", "128k")), "ruler.json",
-             *ADDED]
+RESULTS = REPO / "bench" / "results"
+# reports whose recipe bench.tools.add_recipe added, by the benchmark that makes them
+ADDED = ["ask_session.json", "model_load.json", "page_search.json", "store_lifecycle.json"]
+# the committed reports of named runs, and their runs
+RUNS = {"longdoc_qa.json": ["window", "16k", "32k", "128k", "news"],
+        "memory_vs_context.json": ["tiny-llama", "smollm2-131k-fixed", "smollm2-131k-own"],
+        "passkey.json": ["filler", "prose"]}
+REPORTS = ["graft_vs_recompute.json", "restore_ceiling.json", "fault_suite.json", "remote_tier.json",
+           "library_demo.json", "digest.json", "ruler.json", *ADDED, *RUNS]
+# (report, run): every run of every committed report ("": a report of one run)
+COMMITTED = [(name, run) for name in REPORTS for run in RUNS.get(name, [""])]
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """(report path, report, `tieredkv recheck`'s result on it, what the recipe printed in its own process)."""
-    out = tmp_path_factory.mktemp("mvc") / "memory_vs_context.tiny.json"
+    out = tmp_path_factory.mktemp("mvc") / "memory_vs_context.json"
     proc = subprocess.run([sys.executable, "-m", "bench.memory_vs_context", *ARGS, "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,8 +60,8 @@ def made(tmp_path_factory):
         printed.append(run_subprocess(argv, REPO))  # the report's directory is not in one)
         return printed[-1]
 
-    result = recheck(out, runner=run)
-    return out, json.loads(out.read_text()), result, printed[0]
+    result = recheck(out, runner=run)  # the report's one run, "tiny-llama"
+    return out, json.loads(out.read_text())["runs"]["tiny-llama"], result, printed[0]
 
 
 def _write(tmp_path, report, name="report.json"):
@@ -146,22 +151,46 @@ def test_recipe_argv_gives_back_the_run_s_arguments():
     values = vars(ap.parse_args([*ARGS, "--position", "fixed", "--rate-window", "256", "--out", "x.json"]))
     argv = recipe_argv(ap, values, drop=("out", "ref_contexts"), contexts="6144")
     again = vars(ap.parse_args(argv))
-    assert again == {**values, "out": None, "ref_contexts": "", "contexts": "6144"}
+    assert again == {**values, "out": "bench/results/memory_vs_context.json", "ref_contexts": "", "contexts": "6144"}
+
+
+def test_a_recipe_goes_into_one_run_of_a_report_of_runs(made, tmp_path):
+    _, report, _, printed = made
+    older = {k: v for k, v in report.items() if k != "recheck"}
+    path = tmp_path / "memory_vs_context.json"
+    path.write_text(json.dumps({"bench": "memory_vs_context", "runs": {"kept": report, "older": older}}, indent=1))
+    kept = json.dumps(report, indent=1).replace("\n", "\n  ")
+    with pytest.raises(SystemExit, match="holds the runs kept, older; name one with --run"):
+        add_recipe(path, runner=_rerun_of(printed))
+    with pytest.raises(SystemExit, match="no run 'gone'"):
+        add_recipe(path, run="gone", runner=_rerun_of(printed))
+    block = add_recipe(path, run="older", runner=_rerun_of(printed))
+    assert block["report_hashes_reproduced"] == sorted(printed["outputs"])
+    now = json.loads(path.read_text())
+    assert list(now["runs"]) == ["kept", "older"] and now["runs"]["older"]["recheck"] == block
+    assert kept in path.read_text()  # the other run, byte for byte
+    assert all(r.ok for r in recheck_runs(path, runner=_rerun_of(printed)).values())
 
 
 def test_every_report_in_bench_results_is_checked_for_a_recipe():
-    """A report added to bench/results/ without a recipe fails here (verify_smollm2.json is `tieredkv verify`'s
-    own output: its spec fields are its recipe, which `tieredkv recheck` replays)."""
-    on_disk = {p.name for p in (REPO / "bench" / "results").glob("*.json")}
-    assert on_disk - {"verify_smollm2.json"} == set(COMMITTED)
-    assert plan_for(load_report(REPO / "bench" / "results" / "verify_smollm2.json")).kind != "recheck"
+    """A report added to bench/results/ without a recipe fails here (verify.json is `tieredkv verify`'s own
+    output: its spec fields are its recipe, which `tieredkv recheck` replays)."""
+    on_disk = {p.name for p in RESULTS.glob("*.json")}
+    assert on_disk - {"verify.json"} == set(REPORTS)
+    assert plan_for(load_report(RESULTS / "verify.json")).kind != "recheck"
+    for name, runs in RUNS.items():
+        assert list(runs_of(load_report(RESULTS / name))) == runs, name
 
 
-@pytest.mark.parametrize("name", COMMITTED)
-def test_committed_reports_carry_a_recipe(name):
-    report = load_report(REPO / "bench" / "results" / name)
+@pytest.mark.parametrize("name, run", COMMITTED)
+def test_committed_reports_carry_a_recipe(name, run):
+    """Every run of a committed report: a `--recheck-only` recipe that writes nothing (no --out, no path under
+    bench/results), its hashes, and what an added recipe reproduced."""
+    report = runs_of(load_report(RESULTS / name))[run]
     plan = plan_for(report)  # raises if there is none
     assert plan.kind == "recheck" and plan.argv[:2] == ["python", "-m"] and "--recheck-only" in plan.argv
+    assert plan.argv[2] == f"bench.{name.split('.')[0]}"
+    assert "--out" not in plan.argv and not [a for a in plan.argv if "bench/results" in a]
     assert plan.outputs and all(len(h) == 64 for h in plan.outputs.values())
     assert set(plan.inputs) <= set(plan.outputs)
     block = report["recheck"]
@@ -173,7 +202,7 @@ def test_committed_reports_carry_a_recipe(name):
 def test_an_added_recipe_is_the_benchmark_s_and_names_what_it_reproduced(name):
     """The block holds the argv recipe_for_report gives (one torch thread), and its reproduced / differ lists
     are exactly the report's own hashes (report_hashes) that the recipe's outputs equal / do not equal."""
-    report = load_report(REPO / "bench" / "results" / name)
+    report = load_report(RESULTS / name)
     module = importlib.import_module(f"bench.{name.split('.')[0]}")
     block = report["recheck"]
     assert block["argv"] == ["python", "-m", f"bench.{name.split('.')[0]}", *module.recipe_for_report(report, 1)]

@@ -5,4 +5,5 @@
     recheck.py         `tieredkv recheck`: re-run a report's recipe and compare its output hashes
     recheck_plan.py    what a re-check runs (Plan) and what it reports (one item per compared value)
     recheck_verify.py  the recheck plan of a verify report
+    report_runs.py     reports of named runs: one file per benchmark, a whole report per run
 """

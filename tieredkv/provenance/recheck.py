@@ -11,7 +11,8 @@ The convention (any benchmark can follow it):
 names and its own `domain`, and may add `"inputs": [names]` (outputs that hash what went in, the
 same in any domain) and `"relations": {name: bool}` (facts the contract promises in any domain, such
 as "grafted logits == fresh logits"). argv[0] "tieredkv" runs this package's CLI and "python" this
-interpreter; relative paths are resolved from the repository that holds the report.
+interpreter; relative paths are resolved from the repository that holds the report. A report of named
+runs (report_runs.py: one file per benchmark) holds one such report per run, each re-checked by itself.
 `tieredkv verify --json --rows` reports need no block: their spec fields give the argv (a field an
 older report lacks is inferred from its rows and must be confirmed by every input hash).
 
@@ -44,6 +45,7 @@ from tieredkv.errors import DomainMismatchError
 from tieredkv.provenance.domain import DOMAIN_FIELDS, domain_differences
 from tieredkv.provenance.recheck_plan import Plan, RecheckError, item
 from tieredkv.provenance.recheck_verify import is_verify_report, verify_items, verify_outputs, verify_plan
+from tieredkv.provenance.report_runs import UnknownRunError, select_runs
 
 # Domain fields that name the recipe (which model, how it is run) rather than the machine.
 RECIPE_FIELDS = ("fingerprint", "dtype", "attn_implementation", "page_size", "tieredkv_format")
@@ -59,6 +61,7 @@ class Result:
     items: list[dict[str, Any]] = field(default_factory=list)
     domain_differences: list[str] = field(default_factory=list)
     rerun_s: float = 0.0
+    run: str = ""  # the run's name in a report of named runs (report_runs.py); "" for the report of one run
 
     @property
     def ok(self) -> bool:
@@ -69,8 +72,9 @@ class Result:
         return sum(bool(i["ok"]) for i in rows), len(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.plan.kind, "argv": self.plan.argv, "inferred": list(self.plan.inferred),
-                "mode": self.mode, "ok": self.ok, "matched": sum(i["ok"] is True for i in self.items),
+        return {**({"run": self.run} if self.run else {}), "kind": self.plan.kind, "argv": self.plan.argv,
+                "inferred": list(self.plan.inferred), "mode": self.mode, "ok": self.ok,
+                "matched": sum(i["ok"] is True for i in self.items),
                 "counts": {c: dict(zip(("held", "of"), self.count(c)))
                            for c in ("hash", "relation", "claim", "domain-specific")},
                 "items": self.items, "domain_differences": self.domain_differences,
@@ -172,17 +176,48 @@ def _no_json(argv: list[str], proc) -> dict[str, Any]:
                        + " | ".join(tail))
 
 
-def recheck(report_path: str | Path, *, allow_domain_mismatch: bool = False,
+def recheck(report_path: str | Path, *, run: str | None = None, allow_domain_mismatch: bool = False,
             runner: Callable[[list[str], Path], dict[str, Any]] | None = None) -> Result:
     """Re-run the report's recipe (`runner`, default: a subprocess) and check it (see the module docstring).
+    A report of named runs (report_runs.py) is re-checked one `run` at a time (None: its only run).
 
     Raises DomainMismatchError if the re-run used another recipe (model fingerprint, dtype, attention,
     page size) unless `allow_domain_mismatch`; another machine is never refused: it checks relations."""
     path = Path(report_path)
-    report = load_report(path)
+    runs = select_runs(load_report(path), None if run is None else [run], path)
+    if len(runs) > 1:
+        raise RecheckError(f"{path} holds {len(runs)} runs ({', '.join(runs)}); name one (--run NAME), or re-check "
+                           "every run (`tieredkv recheck` without --run)")
+    return _recheck_runs(path, runs, allow_domain_mismatch, runner)[next(iter(runs))]
+
+
+def recheck_runs(report_path: str | Path, *, runs: list[str] | None = None, allow_domain_mismatch: bool = False,
+                 runner: Callable[[list[str], Path], dict[str, Any]] | None = None) -> dict[str, Result]:
+    """Re-check the named runs of a report (None: every run; a report of one run is one run named ""), each
+    with its own recipe and determinism domain: each holds or fails by itself, as its own report would."""
+    path = Path(report_path)
+    return _recheck_runs(path, select_runs(load_report(path), runs, path), allow_domain_mismatch, runner)
+
+
+def _recheck_runs(path: Path, runs: dict[str, dict[str, Any]], allow_domain_mismatch: bool,
+                  runner: Callable[[list[str], Path], dict[str, Any]] | None) -> dict[str, Result]:
+    results = {}
+    for name, report in runs.items():
+        try:
+            results[name] = _recheck_one(report, repo_root(path), allow_domain_mismatch, runner or run_subprocess)
+        except (RecheckError, DomainMismatchError) as e:
+            if not name:
+                raise
+            raise type(e)(f"run {name!r} of {path}: {e}") from None
+        results[name].run = name
+    return results
+
+
+def _recheck_one(report: dict[str, Any], root: Path, allow_domain_mismatch: bool,
+                 runner: Callable[[list[str], Path], dict[str, Any]]) -> Result:
     plan = plan_for(report)
     t0 = time.perf_counter()
-    rerun = (runner or run_subprocess)(plan.argv, repo_root(path))
+    rerun = runner(plan.argv, root)
     result = Result(plan, rerun_s=time.perf_counter() - t0)
     rerun_domain = rerun.get("domain")
     if not isinstance(rerun_domain, dict):
@@ -249,7 +284,7 @@ def format_table(result: Result, *, only_failures: bool = False) -> str:
 
 def summary_lines(result: Result) -> list[str]:
     plan = result.plan
-    out = [f"{plan.kind} report, re-run {result.rerun_s:.1f}s"]
+    out = [f"{plan.kind} report{f' (run {result.run})' if result.run else ''}, re-run {result.rerun_s:.1f}s"]
     if result.mode == "hash":
         out.append("domain: the same as the report's: every committed hash must be reproduced byte for byte")
     else:
@@ -286,5 +321,5 @@ def _relation_names(result: Result) -> str:
     return ", ".join(names[:4]) + ("…" if len(names) > 4 else "")
 
 
-__all__ = ["Plan", "Result", "RecheckError", "recheck", "plan_for", "format_table", "verify_outputs",
-           "DOMAIN_FIELDS"]
+__all__ = ["Plan", "Result", "RecheckError", "UnknownRunError", "recheck", "recheck_runs", "plan_for", "format_table",
+           "verify_outputs", "DOMAIN_FIELDS"]

@@ -26,7 +26,7 @@ DEFAULT_MAX_NEW_TOKENS = 48
 QA_READING = ReadingConfig(passages=1, passage_tokens=512, signal="lexical")
 # Inside the model's window a question reads too once the context (document, question, answer) is longer than
 # two passages: the model answers far more often from one passage read right before the question than from
-# the whole document (bench/results/longdoc_qa.window.json). Shorter contexts are attended whole, exactly.
+# the whole document (bench/results/longdoc_qa.json, run window). Shorter contexts are attended whole, exactly.
 READ_INSIDE_FROM = 2 * QA_READING.passage_tokens
 # Retrieved pages per KV head while a document that a lexical reading answers from is ingested: the fixed
 # policy's default, inside the window too (the answer reads no stored page; see qa_config)

@@ -5,7 +5,7 @@ module re-exports them next to what timing-based benchmarks add: a synchronising
 machine's measured memcpy and SHA-256 throughput, dropping a file from the OS page cache, and a
 markdown table.
 
-    from bench.common import environment, timed, memcpy_bytes_per_s, write_report
+    from bench.lib.common import environment, timed, memcpy_bytes_per_s, write_report
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from bench.report import environment, sha256_ids, write_report
+from bench.lib.report import environment, sha256_ids, write_report
 from tieredkv.cli.common import positive_int
 from tieredkv.engine.tiered_config import RETRIEVAL_MODES
 

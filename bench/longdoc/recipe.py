@@ -9,7 +9,7 @@ equal on any machine, and what came out (each row's output ids), equal in the sa
 """
 from __future__ import annotations
 
-from bench.report import print_recheck, recheck_block
+from bench.lib.report import print_recheck, recheck_block
 from tieredkv.provenance.domain import determinism_domain
 
 RECHECK_SYSTEMS = ("ceiling", "bm25")
@@ -54,7 +54,7 @@ def block(rows: list[dict], info: dict, question_set: str) -> dict | None:
     return recheck_block("bench.longdoc_qa", _args(chosen, question_set), outputs, inputs=inputs)
 
 
-# `python -m bench.add_recipe` on a report made before longdoc_qa wrote a recipe
+# `python -m bench.tools.add_recipe` on a report made before longdoc_qa wrote a recipe
 def recipe_for_report(report: dict, threads: int) -> list[str]:
     chosen = recipe_rows(report["rows"])
     if not chosen:

@@ -5,8 +5,8 @@ JSON object of SHA-256 hashes: graft-vs-fresh logits (`verify`), and `TieredMode
 greedy output ids with retrieval active under every position policy (own, fixed, fixed with
 question-time re-encoding). Run it before and after a change on the same machine and compare:
 
-    python -m bench.behaviour_hashes > before.json    # ... change ...
-    python -m bench.behaviour_hashes > after.json && diff before.json after.json
+    python -m bench.tools.behaviour_hashes > before.json    # ... change ...
+    python -m bench.tools.behaviour_hashes > after.json && diff before.json after.json
 
 Hashes are specific to one determinism domain (machine, threads, versions): compare runs of one
 machine, never against another's.
@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-from bench.report import environment
+from bench.lib.report import environment
 from paging import PageStore, StoreConfig
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel

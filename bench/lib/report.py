@@ -1,20 +1,29 @@
-"""What every benchmark report carries: environment, hashes, and an atomic JSON write."""
+"""What every benchmark report carries: environment, hashes, a recheck recipe, and an atomic JSON write.
+
+A benchmark with one current report writes it whole (`write_report`); one whose report holds named runs
+(tieredkv/provenance/report_runs.py: `{"bench": ..., "runs": {name: report}}`) writes one run of it
+(`write_run`) and resumes from one (`read_run`).
+"""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import psutil
 import torch
 import transformers
 
+from safefiles import AtomicFile
 from tieredkv.provenance.domain import sha256_ids  # noqa: F401  (re-exported for the benchmarks)
+from tieredkv.provenance.report_runs import RUNS, is_report_of_runs
 
 
 def environment() -> dict[str, Any]:
@@ -38,18 +47,59 @@ def environment() -> dict[str, Any]:
 
 
 def write_report(path: str | os.PathLike, report: dict[str, Any], *, print_json: bool = False) -> None:
-    """Write `report` as sorted JSON (temp, fsync, rename), and echo it to stdout when asked."""
+    """Write `report` as sorted JSON, atomically (safefiles.AtomicFile), and echo it to stdout when asked."""
     text = json.dumps(report, indent=1, sort_keys=True, default=str)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _write_text(Path(path), text)
     if print_json:
         print(text)
+
+
+def write_run(path: str | os.PathLike, bench: str, run: str, report: dict[str, Any], *,
+              print_json: bool = False) -> None:
+    """Write `report` (sorted, as `write_report` writes a report) as run `run` of the report of runs at `path`,
+    keeping its other runs as they are, byte for byte; a new run goes last. Atomic, and under a lock on the
+    folder, so that runs written at once by two processes both stay."""
+    path = Path(path)
+    text = json.dumps(report, sort_keys=True, default=str)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(path.parent):
+        runs = _runs_at(path, bench)
+        runs[run] = json.loads(text)
+        _write_text(path, json.dumps({"bench": bench, RUNS: runs}, indent=1))
+    if print_json:
+        print(json.dumps(runs[run], indent=1))
+
+
+def read_run(path: str | os.PathLike, bench: str, run: str) -> dict[str, Any] | None:
+    """Run `run` of the report of runs at `path` (None: no such file or run), to resume it."""
+    return _runs_at(Path(path), bench).get(run)
+
+
+def _runs_at(path: Path, bench: str) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    report = json.loads(path.read_text())
+    if not is_report_of_runs(report) or report.get("bench") != bench:
+        raise SystemExit(f"{path} is not a report of {bench}'s runs ({{\"bench\": \"{bench}\", \"runs\": ...}}); "
+                         "give --out a new file or one this benchmark wrote")
+    return report[RUNS]
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with AtomicFile(path) as f:
+        f.write((text + "\n").encode())
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on `folder` itself (no lock file left beside the reports)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def recheck_block(module: str, args: list[str], outputs: dict[str, str], **extra: Any) -> dict[str, Any]:
