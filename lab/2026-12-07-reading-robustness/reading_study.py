@@ -5,7 +5,7 @@
 
 For every question of a set at every length, each choice places the reading's passages over the window's
 128-token pages with `tieredkv.question.reading.choose` (the function `tieredkv qa` reads with), and a choice
-counts when a passage holds the whole evidence sentence. With `--answer`, the plain model answers from the
+counts when a passage holds the whole evidence sentence; `ceiling` is the 512 tokens around the evidence. With `--answer`, the plain model answers from the
 prompt's frame, the chosen passages (document order) and the question, greedy, 48 new tokens, scored as
 bench/longdoc_qa.py scores (it is what `ceiling` does with the evidence's own 512 tokens; the reading's own
 path re-encodes the same tokens at the same positions). The judge's choices need model forwards; the rest are
@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from bench.longdoc_qa import is_correct, plain_answer, prepare, until_eos
-from bench.report import environment, sha256_ids
+from bench.lib.report import environment, sha256_ids
 from tieredkv.engine.tiered_config import ReadingConfig
 from tieredkv.engine.working_set import Span
 from tieredkv.models.loading import load_model
@@ -41,7 +41,16 @@ CHOICES = {
     "two": dataclasses.replace(BASE, passages=2),
     "stem-two": dataclasses.replace(BASE, stemmed=True, passages=2),
     "page": dataclasses.replace(BASE, run_pages=1),
+    "two-384": dataclasses.replace(BASE, passages=2, passage_tokens=384),
+    "three-256": dataclasses.replace(BASE, passages=3, passage_tokens=256),
 }
+CEILING = 512  # bench/longdoc_qa.py's ceiling: the plain model over the 512 tokens around the evidence
+
+
+def ceiling_range(w, ea: int, eb: int) -> tuple[int, int]:
+    mid = (ea + eb) // 2
+    lo = max(w.prefix_len, mid - CEILING // 2)
+    return lo, min(len(w.doc_ids), lo + CEILING)
 
 
 def fake_cache(lm, doc_ids: list[int]) -> SimpleNamespace:
@@ -74,14 +83,16 @@ def main(argv=None) -> int:
                "question_ids_sha256": sha256_ids(q_ids)}
         for name in choices:
             t0 = time.perf_counter()
-            r = reading.choose(cache, q_ids, it.q["question"], CHOICES[name], lm.codec, w.prefix_len)
-            hit = any(pa <= ea and eb <= pb for pa, pb in r.passages)
-            row[name] = {"passages": [list(p) for p in r.passages], "hit": hit, "choose_s": round(time.perf_counter() - t0, 2)}
+            passages = ([ceiling_range(w, ea, eb)] if name == "ceiling" else
+                        reading.choose(cache, q_ids, it.q["question"], CHOICES[name], lm.codec, w.prefix_len).passages)
+            hit = any(pa <= ea and eb <= pb for pa, pb in passages)
+            row[name] = {"passages": [list(p) for p in passages], "hit": hit,
+                         "choose_s": round(time.perf_counter() - t0, 2)}
             key = (w.length, name)
             tally[key, "n"] += 1
             tally[key, "hit"] += hit
             if name in answered:
-                ids = w.doc_ids[:w.prefix_len] + [t for pa, pb in r.passages for t in w.doc_ids[pa:pb]] + q_ids
+                ids = w.doc_ids[:w.prefix_len] + [t for pa, pb in passages for t in w.doc_ids[pa:pb]] + q_ids
                 out = until_eos(lm, plain_answer(lm, ids, 48))
                 answer = lm.codec.decode(out).strip()
                 ok = is_correct(answer, it.q["answers"])
@@ -95,7 +106,7 @@ def main(argv=None) -> int:
                                        if name in answered else {})}
                for length in a.lengths.split(",") for name in choices}
     report = {"model": lm.name, "model_fingerprint": lm.fingerprint, "inputs": info, "args": vars(a),
-              "choices": {c: dataclasses.asdict(CHOICES[c]) for c in choices}, "environment": environment(),
+              "choices": {c: dataclasses.asdict(CHOICES[c]) for c in choices if c in CHOICES}, "environment": environment(),
               "summary": summary, "rows": rows}
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
