@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .errors import PagingError
+from .layout import PageLayout
 from .page import Page, PageHeader, check_little_endian
 from .tier import Tier
 
@@ -120,6 +121,23 @@ class HostTier(Tier):
         kv = _frombuffer(page.payload, lay.torch_dtype, n // lay.itemsize, layer * n).view(
             2, lay.num_kv_heads, t, lay.head_dim)
         return kv[0], kv[1]
+
+    def layer_bytes(self, key: str, layer: int) -> tuple[PageLayout, int, memoryview] | None:
+        """(layout, tokens, the bytes of one layer's K then V) of `key`, a view of this tier's copy (pinned
+        or not, no copy); None when absent. Touches no LRU order. NOTE: read-only by contract, like
+        `layer_view`; copy out of it (it keeps the payload alive while it lives)."""
+        page = self._pages.get(key)
+        if page is not None:
+            lay, t, mv = page.layout, len(page.token_ids), memoryview(page.payload)
+        else:
+            entry = self._pinned.get(key)
+            if entry is None:
+                return None
+            lay, t, mv = entry[0]["layout"], len(entry[0]["token_ids"]), memoryview(entry[1].numpy())
+        if not 0 <= layer < lay.num_layers:
+            raise IndexError(f"layer {layer} out of range 0..{lay.num_layers - 1}")
+        n = lay.layer_nbytes(t)
+        return lay, t, mv[layer * n:(layer + 1) * n]
 
     def size_of(self, key: str) -> int:
         return self._sizes[key]

@@ -450,6 +450,42 @@ class PageStore:
             out.append((k, v))
         return out
 
+    def read_layers(self, keys: Sequence[str], layer: int) -> torch.Tensor:
+        """K and V of one layer of each page of `keys`, copied into one fresh tensor [n, 2, Hkv, T, D] on
+        `config.device` (every page must hold T tokens): the bytes `fetch_layer` serves, in two copies per page
+        at most and a few calls per page, for a caller that keeps its own copy (a working-set buffer).
+
+        NOTE: the device tier is neither read nor filled: for a CPU store it would be a third copy of host
+        memory, and its bookkeeping cost more per page than the bytes (lab/2026-12-07-flat-decode). Host hits
+        are counted and touched as `get` counts them; every other page is read as `fetch_layer` reads it
+        (LMDB verified: whole the first time, later one layer against the digests that left), so a page that
+        fails verification raises and is never served."""
+        host, lru, hits = self._host, self._host_lru, self._counts["host"]
+        parts: list = []
+        geometry = None  # (Hkv, T, D, dtype) of the first page
+        for key in keys:
+            found = host.layer_bytes(key, layer)
+            if found is not None:
+                lay, t, part = found
+                lru.touch(key)
+                hits.hit(host.size_of(key))
+                shape = (lay.num_kv_heads, t, lay.head_dim, lay.torch_dtype)
+            else:
+                k, v = self._load_layer(key, layer)  # [Hkv, T, D] each
+                part = torch.stack([k, v]).cpu().view(torch.uint8).numpy()  # bf16-safe
+                shape = (k.shape[0], k.shape[1], k.shape[2], k.dtype)
+            if geometry is None:
+                geometry = shape
+            elif shape != geometry:
+                raise PagingError(f"read_layers: page {key} is {shape}, the first page {geometry}; read pages of "
+                                  f"unequal sizes with fetch_layers")
+            parts.append(part)
+        if not parts:
+            return torch.empty(0)
+        heads, t, dim, dtype = geometry
+        out = torch.frombuffer(bytearray().join(parts), dtype=dtype).view(len(parts), 2, heads, t, dim)
+        return out if self._device.device.type == "cpu" else out.to(self._device.device)
+
     def _cache_on_device(self, dkey: tuple[str, int], k: torch.Tensor, v: torch.Tensor,
                          pin: Container[Hashable]) -> None:
         """Keep (k, v) in the device tier, evicting LRU entries not in `pin` if that makes room; else not at all."""

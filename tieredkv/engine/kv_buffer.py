@@ -86,8 +86,10 @@ class SlotKey(NamedTuple):
         return self.end - self.start - self.offset
 
 
-# fill(indices) -> for each index i of `wanted`, K and V [Hkv, n_i, D] as attention reads them
-Fill = Callable[[list[int]], Sequence[tuple[torch.Tensor, torch.Tensor]]]
+# fill(indices) -> for each index i of `wanted`, K and V [Hkv, n_i, D] as attention reads them; or, when every
+# one of those slots holds T tokens, all of them stacked in one tensor [len(indices), 2, Hkv, T, D] (K then V)
+SlotKVs = Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor
+Fill = Callable[[list[int]], SlotKVs]
 
 
 class WorkingSetBuffer:
@@ -252,9 +254,8 @@ class WorkingSetBuffer:
         self.slots, self.lo, self.num_slot_tokens = list(wanted), base, new_p
         self._drop_refs(wanted)
 
-    def _write_slots(self, keys: list[SlotKey], starts: list[int],
-                     kvs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Write each slot's K, V ([Hkv, n, D]) and positions at its start.
+    def _write_slots(self, keys: list[SlotKey], starts: list[int], kvs: SlotKVs) -> None:
+        """Write each slot's K, V ([Hkv, n, D], or stacked: `SlotKVs`) and positions at its start.
 
         NOTE: a retrieving decode step writes ~25 slots per layer, and one slice assignment per slot and tensor
         (and an arange for its positions) cost more in calls than in bytes. A CPU buffer copies every slot
@@ -264,6 +265,12 @@ class WorkingSetBuffer:
         Joining the slots and writing them with one `index_copy_` was no faster for float32 and 5x slower for
         bfloat16 (even through an int16 view)."""
         sizes = [key.end - key.start - key.offset for key in keys]
+        if isinstance(kvs, torch.Tensor):
+            assert kvs.shape[0] == len(keys) and all(n == kvs.shape[3] for n in sizes), \
+                f"slots of {sizes} tokens got a stack {tuple(kvs.shape)}"
+            if self._write_stacked(keys, starts, sizes, kvs):
+                return
+            kvs = list(zip(kvs[:, 0], kvs[:, 1]))
         for key, n, (k, _v) in zip(keys, sizes, kvs):
             assert k.shape[1] == n, f"slot {key} got {k.shape[1]} tokens"
         self.num_copied_tokens += sum(sizes)
@@ -295,6 +302,22 @@ class WorkingSetBuffer:
         torch._foreach_copy_(self.k[0].split(cuts, dim=1)[1::2], [kvs[i][0] for i in order])
         torch._foreach_copy_(self.v[0].split(cuts, dim=1)[1::2], [kvs[i][1] for i in order])
         torch._foreach_copy_(self.pos.split(cuts)[1::2], pos.to(self.device).split(sizes))
+
+    def _write_stacked(self, keys: list[SlotKey], starts: list[int], sizes: list[int], kvs: torch.Tensor) -> bool:
+        """`_write_slots` of a stack [n, 2, Hkv, T, D] into a CPU buffer of its dtype: one numpy slice assignment
+        per slot and tensor, and one write of every slot's positions. False, writing nothing, elsewhere."""
+        views = self._numpy_views() if self.device.type == "cpu" else None
+        if views is None or kvs.dtype != self.dtype or not kvs.is_cpu or kvs.requires_grad:
+            return False
+        kb, vb, pb, as_int = views
+        src = (kvs.view(as_int) if as_int is not None else kvs).numpy()
+        for i, (dst, n) in enumerate(zip(starts, sizes)):
+            kb[:, dst:dst + n] = src[i, 0]
+            vb[:, dst:dst + n] = src[i, 1]
+        total = sum(sizes)
+        pb[token_indices(starts, sizes, total)] = token_indices([key.start + key.offset for key in keys], sizes, total)
+        self.num_copied_tokens += total
+        return True
 
     def _numpy_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.dtype | None] | None:
         """numpy views of a CPU buffer's K, V ([Hkv, capacity, D]) and positions, and the integer dtype of the

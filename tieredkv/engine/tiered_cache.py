@@ -24,7 +24,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and
 from index import PageIndex, summarize
 from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
 from tieredkv.engine import attention, head_block
-from tieredkv.engine.kv_buffer import SlotKey, WorkingSetBuffer
+from tieredkv.engine.kv_buffer import SlotKey, SlotKVs, WorkingSetBuffer
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.prefetch import Prefetcher
 from tieredkv.engine.tiered_config import REUSE_MIN_COSINE, TieredConfig
@@ -411,10 +411,11 @@ class TieredCache(Cache):
         source = self.layers[layer_idx].buffer.source_id(kv)
         return SlotKey(first, first + kv[layer_idx][0].shape[1], off, shift, source)
 
-    def _fill(self, items: list[tuple[Span, int] | HeadPages], shifts: dict[int, int], layer_idx: int
-              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _fill(self, items: list[tuple[Span, int] | HeadPages], shifts: dict[int, int], layer_idx: int) -> SlotKVs:
         """K, V ([Hkv, n, D]) of each item as attention reads it: a page (`_slot_kv`) or a per-head block."""
         pages = [i for i, item in enumerate(items) if not isinstance(item, HeadPages)]
+        if len(pages) == len(items):
+            return self._slot_kv(items, shifts, layer_idx)
         out: list = [None] * len(items)
         for i, kv in zip(pages, self._slot_kv([items[i] for i in pages], shifts, layer_idx) if pages else ()):
             out[i] = kv
@@ -423,15 +424,42 @@ class TieredCache(Cache):
                 out[i] = head_block.block_kv(self, item, layer_idx)
         return out
 
-    def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """K, V ([Hkv, n, D]) of `parts` as attention reads them: from `offset` on, keys moved by their shift."""
+    def _slot_kv(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int) -> SlotKVs:
+        """K, V ([Hkv, n, D]) of `parts` as attention reads them: from `offset` on, keys moved by their shift.
+        Stacked (`SlotKVs`) when they are whole stored pages of one size on a CPU store (`_stacked_pages`)."""
+        stacked = self._stacked_pages(parts, shifts, layer_idx)
+        if stacked is not None:
+            return stacked
         ks, vs = [], []
         for (_, off), (k, v) in zip(parts, self.page_kvs([s.page_id for s, _ in parts], layer_idx)):
             ks.append(k[:, off:] if off else k), vs.append(v[:, off:] if off else v)
         if shifts:
             self._rerotate_parts(ks, [shifts.get(s.page_id, 0) for s, _ in parts], layer_idx)
         return list(zip(ks, vs))
+
+    def _stacked_pages(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
+                       ) -> torch.Tensor | None:
+        """[n, 2, Hkv, T, D]: K, V of `parts` through one `PageStore.read_layers` when they are stored pages of
+        T tokens each, read whole at own positions from a CPU store; else None.
+
+        NOTE: a retrieving decode step at 1M tokens brings ~25 new pages per layer; through `fetch_layers`
+        each cost a device-tier entry (views of the host page, its LRU order, an eviction) before the buffer
+        copied it again. On a CPU store the buffer is the device copy, so the pages skip the device tier: the
+        same bytes, a fraction of the calls (lab/2026-12-07-flat-decode). A CUDA store keeps `fetch_layers`
+        (its device tier saves a host-to-device copy when a page comes back)."""
+        if shifts or self.reencoded or not parts or self.store.device_tier.device.type != "cpu":
+            return None
+        first, written = parts[0][0], self.num_written
+        t = first.end - first.start
+        if any(off or s.end - s.start != t or s.page_id >= written for s, off in parts):
+            return None
+        keys = [self.page_keys[s.page_id] for s, _ in parts]
+        self.fetch_counts["fetches"] += len(keys)
+        contains, wait = self.store.host_tier.contains, self.prefetcher.wait
+        for key in keys:
+            if not contains(key):
+                wait(key)
+        return self.store.read_layers(keys, layer_idx)
 
     def page_kvs(self, page_ids: list[int], layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`page_kv` of each page at one layer, the device tier holding all of them at once: the stored pages
