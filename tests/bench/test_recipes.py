@@ -38,7 +38,7 @@ RESULTS = REPO / "bench" / "results"
 # reports whose recipe bench.tools.add_recipe added, by the benchmark that makes them
 ADDED = ["ask_session.json", "model_load.json", "page_search.json", "store_lifecycle.json"]
 # the committed reports of named runs, and their runs
-RUNS = {"longdoc_qa.json": ["window", "16k", "32k", "128k", "news"],
+RUNS = {"longdoc_qa.json": ["window", "16k", "32k", "128k", "news", "sotu"],
         "memory_vs_context.json": ["tiny-llama", "smollm2-131k-fixed", "smollm2-131k-own"],
         "passkey.json": ["filler", "prose"]}
 REPORTS = ["graft_vs_recompute.json", "restore_ceiling.json", "fault_suite.json", "remote_tier.json",
