@@ -52,11 +52,18 @@ def stem(word: str) -> str:
     return w
 
 
+def term(word: str, *, stemmed: bool = False) -> str | None:
+    """The index term a word of text counts as: lower case, reduced by `stem` when `stemmed`; None for a
+    stopword or a word of underscores alone (never counted)."""
+    w = word.lower()
+    if w in STOPWORDS or not w.strip("_"):
+        return None
+    return stem(w) if stemmed else w
+
+
 def words(text: str, *, stemmed: bool = False) -> list[str]:
-    """Lower-case word tokens, stopwords dropped; `__init__` and `f_lineno` stay one word; with `stemmed`,
-    each reduced by `stem`."""
-    out = [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS and w.strip("_")]
-    return [stem(w) for w in out] if stemmed else out
+    """The terms of `text` in order (`term`): `__init__` and `f_lineno` stay one word."""
+    return [t for t in (term(w, stemmed=stemmed) for w in _WORD.findall(text.lower())) if t is not None]
 
 
 class BM25Index:
@@ -77,11 +84,8 @@ class BM25Index:
         return len(self.counts)
 
     def term(self, word: str) -> str | None:
-        """The index term a word of text counts as (None: a stopword, never counted)."""
-        w = word.lower()
-        if w in STOPWORDS or not w.strip("_"):
-            return None
-        return stem(w) if self.stemmed else w
+        """The index term a word of text counts as in this index (`term`)."""
+        return term(word, stemmed=self.stemmed)
 
     def scores(self, query: str) -> np.ndarray:
         """[N] float64 BM25 score of every page for the words of `query` (0 where none occurs)."""

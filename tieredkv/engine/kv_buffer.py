@@ -286,14 +286,10 @@ class WorkingSetBuffer:
             return
         views = self._numpy_views() if cpu else None
         if views is not None and not any(k.requires_grad or v.requires_grad for k, v in kvs):
-            kb, vb, pb, as_int = views
-            for key, dst, n, (k, v) in zip(keys, starts, sizes, kvs):
-                if as_int is not None:
-                    k, v = k.view(as_int), v.view(as_int)
-                kb[:, dst:dst + n] = k.numpy()
-                vb[:, dst:dst + n] = v.numpy()
-                first = key.start + key.offset
-                pb[dst:dst + n] = np.arange(first, first + n, dtype=np.int64)
+            as_int = views[3]
+            if as_int is not None:
+                kvs = [(k.view(as_int), v.view(as_int)) for k, v in kvs]
+            self._numpy_write(views, keys, starts, sizes, [(k.numpy(), v.numpy()) for k, v in kvs])
             return
         order = sorted(range(len(keys)), key=starts.__getitem__)
         sizes = [sizes[i] for i in order]
@@ -309,15 +305,22 @@ class WorkingSetBuffer:
         views = self._numpy_views() if self.device.type == "cpu" else None
         if views is None or kvs.dtype != self.dtype or not kvs.is_cpu or kvs.requires_grad:
             return False
-        kb, vb, pb, as_int = views
-        src = (kvs.view(as_int) if as_int is not None else kvs).numpy()
-        for i, (dst, n) in enumerate(zip(starts, sizes)):
-            kb[:, dst:dst + n] = src[i, 0]
-            vb[:, dst:dst + n] = src[i, 1]
+        src = (kvs.view(views[3]) if views[3] is not None else kvs).numpy()
+        self._numpy_write(views, keys, starts, sizes, [(src[i, 0], src[i, 1]) for i in range(len(keys))])
+        self.num_copied_tokens += sum(sizes)
+        return True
+
+    @staticmethod
+    def _numpy_write(views: tuple, keys: list[SlotKey], starts: list[int], sizes: list[int],
+                     arrays: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Each slot's K, V (numpy [Hkv, n, D], as `_numpy_views` views the buffer) at its start, one slice
+        assignment per slot and tensor, and every slot's positions in one write."""
+        kb, vb, pb, _ = views
+        for dst, n, (k, v) in zip(starts, sizes, arrays):
+            kb[:, dst:dst + n] = k
+            vb[:, dst:dst + n] = v
         total = sum(sizes)
         pb[token_indices(starts, sizes, total)] = token_indices([key.start + key.offset for key in keys], sizes, total)
-        self.num_copied_tokens += total
-        return True
 
     def _numpy_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, torch.dtype | None] | None:
         """numpy views of a CPU buffer's K, V ([Hkv, capacity, D]) and positions, and the integer dtype of the
