@@ -27,7 +27,7 @@ from typing import Container, Iterable, Sequence
 import faiss
 import numpy as np
 
-from .bound_scan import BoundRows
+from .bound_scan import BoundRows, fits_half
 from .errors import IndexStaleError
 from .index_file import read_index_file, write_index_file
 from .scoring import quest_bound
@@ -67,7 +67,7 @@ class PageIndex:
         self._bounds: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = \
             [None] * self.num_layers  # minmax scoring cache per layer, rebuilt after mutation
         self._bounds_buffers: list = [None] * self.num_layers  # its backing arrays (spare capacity)
-        self._rows: list[BoundRows | None] = [None] * self.num_layers  # minmax: float32 rows for bound_scan
+        self._rows: list[BoundRows | None] = [None] * self.num_layers  # minmax: the candidate pass's rows (bound_scan)
 
     def __len__(self) -> int:
         return len(self._page_ids)
@@ -142,8 +142,12 @@ class PageIndex:
         buf_up[:, n:n + m] = rows[:, :, 0].transpose(1, 0, 2)  # rows: [N, H, 2, D] -> [H, N, D]
         buf_low[:, n:n + m] = rows[:, :, 1].transpose(1, 0, 2)
         self._bounds[layer] = (buf_ids[:n + m], buf_up[:, :n + m], buf_low[:, :n + m])
-        if self._rows[layer] is not None:
-            self._rows[layer].extend(buf_up[:, n:n + m], buf_low[:, n:n + m])
+        rows = self._rows[layer]
+        if rows is not None:
+            if rows.half and not fits_half(buf_up[:, n:n + m], buf_low[:, n:n + m]):
+                self._rows[layer] = None  # rebuilt in float32 at the next search
+            else:
+                rows.extend(buf_up[:, n:n + m], buf_low[:, n:n + m])
 
     def remove(self, page_id: int) -> None:
         """Forget one page (``KeyError`` if it is not indexed). O(pages) per call."""
@@ -212,7 +216,7 @@ class PageIndex:
         page_ids, upper, lower = self._layer_bounds(layer)
         rows = self._rows[layer]
         if rows is None:
-            rows = self._rows[layer] = BoundRows(self.num_heads, self.dim)
+            rows = self._rows[layer] = BoundRows(self.num_heads, self.dim, half=fits_half(upper, lower))
             rows.extend(upper, lower)
         q64 = q.astype(np.float64)  # as quest_bound takes the means
         pos, neg = np.maximum(q64, 0.0).mean(axis=1), np.minimum(q64, 0.0).mean(axis=1)  # [H, D]

@@ -9,7 +9,8 @@ from typing import Any
 # NOTE: names resolve on first use, so that `paging.errors` (all the CLI needs to build its parser) does not
 # import torch; `from paging import PageStore` works as before
 _EXPORTS = {
-    "DeviceTier": "device_tier", "HostTier": "host_tier", "PageLayout": "layout", "LMDBTier": "lmdb_tier",
+    "DeviceTier": "device_tier", "HostTier": "host_tier", "PageLayers": "page_layers", "PageLayout": "layout",
+    "LMDBTier": "lmdb_tier",
     "FORMAT_VERSION": "page", "ROOT_KEY": "page", "Page": "page", "page_key": "page", "LRUPolicy": "policy",
     "RemoteConfig": "remote_tier", "RemoteError": "remote_tier", "RemoteTier": "remote_tier",
     "RemoteTierWarning": "remote_tier", "RemoteUnavailableError": "remote_tier", "PageStore": "store",

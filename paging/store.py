@@ -35,6 +35,7 @@ from .host_tier import HostTier
 from .layer_reads import LayerDigests
 from .lmdb_tier import MAX_MAP_SIZE, LMDBTier
 from .page import Page
+from .page_layers import PageLayers
 from .policy import LRUPolicy
 from .remote_tier import REMOTE_MODES, RemoteConfig, RemoteLink, RemoteTier, push_command
 from .restore import Restored, restore_pages
@@ -452,14 +453,20 @@ class PageStore:
 
     def read_layers(self, keys: Sequence[str], layer: int) -> torch.Tensor:
         """K and V of one layer of each page of `keys`, copied into one fresh tensor [n, 2, Hkv, T, D] on
-        `config.device` (every page must hold T tokens): the bytes `fetch_layer` serves, in two copies per page
-        at most and a few calls per page, for a caller that keeps its own copy (a working-set buffer).
+        `config.device` (every page must hold T tokens): `layer_parts` joined."""
+        out = self.layer_parts(keys, layer).stacked()
+        return out if self._device.device.type == "cpu" else out.to(self._device.device)
+
+    def layer_parts(self, keys: Sequence[str], layer: int) -> PageLayers:
+        """One layer of each page of `keys` (every page must hold the same tokens) as its bytes, not joined
+        (page_layers.py): the bytes `fetch_layer` serves, for a caller that keeps its own copy (a working-set
+        buffer). Host pages are views of their payloads, no copy.
 
         NOTE: the device tier is neither read nor filled: for a CPU store it would be a third copy of host
         memory, and its bookkeeping cost more per page than the bytes (lab/2026-12-07-flat-decode). Host hits
         are counted and touched as `get` counts them; every other page is read as `fetch_layer` reads it
         (LMDB verified: whole the first time, later one layer against the digests that left), so a page that
-        fails verification raises and is never served."""
+        fails verification raises and no part is returned."""
         host, lru, hits = self._host, self._host_lru, self._counts["host"]
         parts: list = []
         geometry = None  # (Hkv, T, D, dtype) of the first page
@@ -477,14 +484,11 @@ class PageStore:
             if geometry is None:
                 geometry = shape
             elif shape != geometry:
-                raise PagingError(f"read_layers: page {key} is {shape}, the first page {geometry}; read pages of "
+                raise PagingError(f"layer_parts: page {key} is {shape}, the first page {geometry}; read pages of "
                                   f"unequal sizes with fetch_layers")
             parts.append(part)
-        if not parts:
-            return torch.empty(0)
-        heads, t, dim, dtype = geometry
-        out = torch.frombuffer(bytearray().join(parts), dtype=dtype).view(len(parts), 2, heads, t, dim)
-        return out if self._device.device.type == "cpu" else out.to(self._device.device)
+        heads, t, dim, dtype = geometry or (0, 0, 0, torch.float32)
+        return PageLayers(heads, t, dim, dtype, parts)
 
     def _cache_on_device(self, dkey: tuple[str, int], k: torch.Tensor, v: torch.Tensor,
                          pin: Container[Hashable]) -> None:

@@ -266,3 +266,32 @@ def test_cpu_slot_writes_copy_every_bit(dtype, as_int):
             n = key.num_tokens
             assert torch.equal(a.k[0, :, dst:dst + n].view(as_int), k.view(as_int))
             assert torch.equal(a.v[0, :, dst:dst + n].view(as_int), v.view(as_int))
+
+
+@pytest.mark.parametrize("dtype, as_int", [(torch.float32, torch.int32), (torch.bfloat16, torch.int16)])
+def test_page_parts_are_written_as_the_per_slot_writes(dtype, as_int):
+    """Stored pages' unjoined bytes (`paging.PageLayers`, each a view of an immutable payload) are copied straight
+    into a CPU buffer: the same bits and positions as a slice assignment per slot."""
+    from paging import PageLayers
+
+    gen = torch.Generator().manual_seed(2)
+    keys = [SlotKey(s, s + 8, 0, 0, 0) for s in (40, 0, 96, 8)]
+    starts = [70, 10, 30, 18]
+    payloads = [bytes(torch.randn(2, H, 8, D, generator=gen).to(dtype).view(torch.uint8).reshape(-1).numpy())
+                for _ in keys]
+    parts = PageLayers(H, 8, D, dtype, [memoryview(p) for p in payloads])
+    a, b = WorkingSetBuffer(H, D, dtype, "cpu"), WorkingSetBuffer(H, D, dtype, "cpu")
+    for buf in (a, b):
+        buf._make_room(100)
+        buf.pos.fill_(-7), buf.k.zero_(), buf.v.zero_()
+    a._write_slots(keys, starts, parts)
+    for key, dst, p in zip(keys, starts, payloads):
+        kv = torch.frombuffer(bytearray(p), dtype=dtype).view(2, H, 8, D)
+        b._write_slots([key], [dst], [(kv[0], kv[1])])
+    assert a._np is not None and a._np[0] is a.k  # the numpy path ran
+    assert torch.equal(a.k.view(as_int), b.k.view(as_int)) and torch.equal(a.v.view(as_int), b.v.view(as_int))
+    assert torch.equal(a.pos, b.pos) and a.num_copied_tokens == b.num_copied_tokens == 32
+    other = WorkingSetBuffer(H, D, torch.float64, "cpu")  # another dtype: converted through the pairs
+    other._make_room(100)
+    other._write_slots(keys, starts, parts)
+    assert torch.equal(other.k[0, :, 70:78], a.k[0, :, 70:78].to(torch.float64))

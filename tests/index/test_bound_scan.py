@@ -1,5 +1,6 @@
-"""The float32 candidate pass (bound_scan.py) gives the flat scan's top-k: same page ids, same score bytes."""
+"""The half-precision candidate pass (bound_scan.py) gives the flat scan's top-k: same page ids, same score bytes."""
 
+import faiss
 import numpy as np
 import pytest
 
@@ -82,14 +83,17 @@ def test_grows_and_rebuilds_like_the_flat_scan():
     _assert_same(index, 1, q, 16, {0})
 
 
-def test_candidates_cover_the_exact_top_rows():
+@pytest.mark.parametrize("half", [True, False])
+@pytest.mark.parametrize("scale", [1.0, 1e-6, 5e3])  # float16: normal range, subnormal, coarse ulps
+def test_candidates_cover_the_exact_top_rows(half, scale):
     rng = np.random.default_rng(11)
-    rows = BoundRows(num_heads=1, dim=D)
-    up = rng.standard_normal((1, 3000, D))
-    rows.extend(up, up - np.abs(rng.standard_normal((1, 3000, D))))
+    rows = BoundRows(num_heads=1, dim=D, half=half)
+    up = rng.standard_normal((1, 3000, D)) * scale
+    low = up - np.abs(rng.standard_normal((1, 3000, D))) * scale
+    rows.extend(up, low)
     q = rng.standard_normal((4, D))
     pos, neg = np.maximum(q, 0).mean(axis=0), np.minimum(q, 0).mean(axis=0)
-    exact = quest_bound(q, up[0], rows._rows[0, :3000, D:])  # [N]
+    exact = quest_bound(q, up[0], low[0])  # [N]
     for want in (1, 17, 250):
         cand = rows.candidates(0, pos, neg, want)
         cut = np.sort(exact)[-want]
@@ -97,8 +101,34 @@ def test_candidates_cover_the_exact_top_rows():
         assert len(cand) < 3000 // 2  # a pass that returned everything would prove nothing
 
 
+def test_half_rows_hold_float16_codes_and_refuse_what_float16_cannot_hold():
+    rows = BoundRows(num_heads=2, dim=D)
+    up = np.random.default_rng(2).standard_normal((2, 5, D))
+    rows.extend(up, up - 1)
+    codes = faiss.vector_to_array(rows._index[1].codes).view(np.float16).reshape(5, 2 * D)
+    assert codes.tobytes() == np.concatenate([up[1], up[1] - 1], axis=1).astype(np.float16).tobytes()
+    with pytest.raises(ValueError, match="float16"):
+        rows.extend(up * 1e5, up)
+    assert rows.num_rows == 5 and all(index.ntotal == 5 for index in rows._index)
+
+
+def test_bounds_beyond_float16_switch_the_pass_to_float32_rows():
+    # the pass is built in float16; a page whose keys float16 cannot hold rebuilds it in float32, same answers
+    rng = np.random.default_rng(9)
+    s = _bounds(rng, FLAT_SCAN_BELOW + 2)
+    index = _index(s[:FLAT_SCAN_BELOW])
+    q = rng.standard_normal((H, 2, D)).astype(np.float32)
+    index.search(0, q, 8)
+    assert index._rows[0].half
+    index.add(FLAT_SCAN_BELOW, s[FLAT_SCAN_BELOW] * 1e5)
+    _assert_same(index, 0, q, 8, {0})
+    assert not index._rows[0].half
+    index.add(FLAT_SCAN_BELOW + 1, s[FLAT_SCAN_BELOW + 1])
+    _assert_same(index, 1, q, 8, {0})
+
+
 def test_small_indexes_take_the_flat_scan():
     rng = np.random.default_rng(5)
     index = _index(_bounds(rng, FLAT_SCAN_BELOW - 1))
     index.search(0, rng.standard_normal((H, 1, D)).astype(np.float32), 8)
-    assert index._rows == [None] * L  # no float32 rows built below the switch
+    assert index._rows == [None] * L  # no candidate rows built below the switch

@@ -33,6 +33,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from paging import PageLayers
+
 _GROW = 1.5  # capacity grows by at least this factor: amortised O(1) appends, room to move the base
 _ROUND = 256  # capacity is a multiple of this many tokens
 HOLE_POS = 1 << 62  # position of a hole's tokens: after every query, so no causal mask attends to them
@@ -87,8 +89,9 @@ class SlotKey(NamedTuple):
 
 
 # fill(indices) -> for each index i of `wanted`, K and V [Hkv, n_i, D] as attention reads them; or, when every
-# one of those slots holds T tokens, all of them stacked in one tensor [len(indices), 2, Hkv, T, D] (K then V)
-SlotKVs = Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor
+# one of those slots holds T tokens, all of them stacked in one tensor [len(indices), 2, Hkv, T, D] (K then V),
+# or one layer of stored pages as their unjoined bytes (`paging.PageLayers`, the same shape)
+SlotKVs = Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor | PageLayers
 Fill = Callable[[list[int]], SlotKVs]
 
 
@@ -265,6 +268,12 @@ class WorkingSetBuffer:
         Joining the slots and writing them with one `index_copy_` was no faster for float32 and 5x slower for
         bfloat16 (even through an int16 view)."""
         sizes = [key.end - key.start - key.offset for key in keys]
+        if isinstance(kvs, PageLayers):
+            assert len(kvs) == len(keys) and all(n == kvs.tokens for n in sizes), \
+                f"slots of {sizes} tokens got {len(kvs)} pages of {kvs.tokens}"
+            if self._write_parts(keys, starts, sizes, kvs):
+                return
+            kvs = list(kvs)
         if isinstance(kvs, torch.Tensor):
             assert kvs.shape[0] == len(keys) and all(n == kvs.shape[3] for n in sizes), \
                 f"slots of {sizes} tokens got a stack {tuple(kvs.shape)}"
@@ -307,6 +316,17 @@ class WorkingSetBuffer:
             return False
         src = (kvs.view(views[3]) if views[3] is not None else kvs).numpy()
         self._numpy_write(views, keys, starts, sizes, [(src[i, 0], src[i, 1]) for i in range(len(keys))])
+        self.num_copied_tokens += sum(sizes)
+        return True
+
+    def _write_parts(self, keys: list[SlotKey], starts: list[int], sizes: list[int], kvs: PageLayers) -> bool:
+        """`_write_stacked` of pages' unjoined bytes: numpy views of each part copied straight into a CPU buffer
+        of their dtype (one copy where joining them first made two). False, writing nothing, elsewhere."""
+        views = self._numpy_views() if self.device.type == "cpu" else None
+        if views is None or kvs.dtype != self.dtype:
+            return False
+        src = kvs.arrays(views[0].dtype)
+        self._numpy_write(views, keys, starts, sizes, [(a[0], a[1]) for a in src])
         self.num_copied_tokens += sum(sizes)
         return True
 

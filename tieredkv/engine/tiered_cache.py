@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from index import PageIndex, summarize
-from paging import ROOT_KEY, Page, PageLayout, PageStore, PageWriter
+from paging import ROOT_KEY, Page, PageLayers, PageLayout, PageStore, PageWriter
 from tieredkv.engine import attention, head_block
 from tieredkv.engine.kv_buffer import SlotKey, SlotKVs, WorkingSetBuffer
 from tieredkv.engine.placement import PlacementPolicy, policy_for
@@ -438,9 +438,10 @@ class TieredCache(Cache):
         return list(zip(ks, vs))
 
     def _stacked_pages(self, parts: list[tuple[Span, int]], shifts: dict[int, int], layer_idx: int
-                       ) -> torch.Tensor | None:
-        """[n, 2, Hkv, T, D]: K, V of `parts` through one `PageStore.read_layers` when they are stored pages of
-        T tokens each, read whole at own positions from a CPU store; else None.
+                       ) -> PageLayers | None:
+        """K, V of `parts` ([n, 2, Hkv, T, D], unjoined) through one `PageStore.layer_parts` when they are stored
+        pages of T tokens each, read whole at own positions from a CPU store; else None. The working-set buffer
+        copies each page's bytes straight from the host tier's payload.
 
         NOTE: a retrieving decode step at 1M tokens brings ~25 new pages per layer; through `fetch_layers`
         each cost a device-tier entry (views of the host page, its LRU order, an eviction) before the buffer
@@ -459,7 +460,7 @@ class TieredCache(Cache):
         for key in keys:
             if not contains(key):
                 wait(key)
-        return self.store.read_layers(keys, layer_idx)
+        return self.store.layer_parts(keys, layer_idx)
 
     def page_kvs(self, page_ids: list[int], layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`page_kv` of each page at one layer, the device tier holding all of them at once: the stored pages
