@@ -9,7 +9,7 @@ evidence, so the answer sits at some depth of a document of that length. Per que
     tiered      the tiered path exactly as `tieredkv qa` runs it (tieredkv.question.qa: ingest once, graft,
                 question-time reading with the library's defaults for this length)
     tiered-read     the same with the question-time reading at any length (inside the window too)
-    tiered-read-page  the reading with its place found by the best single page (ReadingConfig.run_pages=1)
+    tiered-read-page  one passage, its place found by the best single page (ReadingConfig.run_pages=1, no second)
     tiered-judge    the reading with the model judging 3 candidate places (the question's likelihood after each)
     ws12 ... oracle25   working sets of a fraction of the document at own positions (bench/longdoc/budget.py)
     tiered-attend   the same with no question-time step: attention over the stored pages
@@ -65,10 +65,10 @@ LENGTHS = {"4k": 4_000, "8k": 8_000, "16k": 16_384, "32k": 32_768, "128k": 131_0
 SYSTEMS = ("tiered", "tiered-read", "tiered-read-page", "tiered-judge", "tiered-attend", "tiered-attend-words",
            *BUDGET_SYSTEMS, "ceiling", "bm25", "truncation", "full", "signals")
 # the tiered path with its question-time step chosen, whatever the length: the reading (QA_READING), the
-# reading with its place chosen by the best single page (the earlier default), the reading with the model judging
+# reading with one passage placed in the best single page (an earlier default), the reading with the model judging
 # 3 candidate places, or none (attention over the stored pages)
-FORCED = {"tiered-read": "read", "tiered-read-page": "read:run_pages=1", "tiered-judge": "read:candidates=3",
-          "tiered-attend": "none", "tiered-attend-words": "none:lexical"}
+FORCED = {"tiered-read": "read", "tiered-read-page": "read:run_pages=1,second_at=none",
+          "tiered-judge": "read:candidates=3", "tiered-attend": "none", "tiered-attend-words": "none:lexical"}
 # "signals" answers nothing: it ranks the document's pages for the question by each signal the reading
 # could use, and records where the answer page lands (rank 1 = first).
 CEILING_TOKENS = 512
@@ -213,8 +213,8 @@ def parse_variant(spec: str) -> dict:
     """TieredConfig fields of the tiered system: "default" (what `tieredkv qa` runs), "reencode=N",
     "none" (no question-time step: attention over the stored pages), "none:lexical" (the stored pages chosen
     by the question's words: TieredConfig.selection), or
-    "read:passages=2,passage_tokens=384,signal=hybrid" (fields not given keep the QA defaults, the frame
-    included); any of them with "+reuse=N" appended decodes with TieredConfig.reuse_steps=N (approximate)."""
+    "read:passages=2,passage_tokens=384,signal=hybrid,second_at=none" (fields not given keep the QA defaults,
+    the frame included); any of them with "+reuse=N" appended decodes with TieredConfig.reuse_steps=N (approximate)."""
     spec, plus, reuse = spec.partition("+reuse=")
     if plus:
         if not reuse.isdigit():
@@ -231,7 +231,7 @@ def parse_variant(spec: str) -> dict:
     if spec.startswith("read"):
         kw = dict(part.split("=") for part in spec.partition(":")[2].split(",") if part)
         conv = {"passages": int, "passage_tokens": int, "signal": str, "frame_tokens": int, "candidates": int,
-                "run_pages": int}
+                "run_pages": int, "second_at": lambda v: None if v == "none" else float(v)}
         from tieredkv.question.qa import QA_READING
 
         return {"reading": dataclasses.replace(QA_READING, **{k: conv[k](v) for k, v in kw.items()})}

@@ -36,13 +36,14 @@ ARGS = ["--model", "tiny-llama", "--contexts", "8192,6144", "--decode-tokens", "
 AMD = "AuthenticAMD AMD EPYC 7B13 64-Core Processor"
 RESULTS = REPO / "bench" / "results"
 # reports whose recipe bench.tools.add_recipe added, by the benchmark that makes them
-ADDED = ["ask_session.json", "model_load.json", "store_lifecycle.json"]
+ADDED = ["model_load.json", "store_lifecycle.json"]
 # the committed reports of named runs, and their runs
 RUNS = {"longdoc_qa.json": ["window", "16k", "32k", "128k", "news", "sotu"],
         "memory_vs_context.json": ["tiny-llama", "smollm2-131k-fixed", "smollm2-131k-own"],
         "passkey.json": ["filler", "prose"]}
 REPORTS = ["graft_vs_recompute.json", "restore_ceiling.json", "fault_suite.json", "remote_tier.json",
-           "library_demo.json", "digest.json", "ruler.json", "page_search.json", *ADDED, *RUNS]
+           "library_demo.json", "digest.json", "ruler.json", "page_search.json", "ask_session.json", *ADDED,
+           *RUNS]
 # (report, run): every run of every committed report ("": a report of one run)
 COMMITTED = [(name, run) for name in REPORTS for run in RUNS.get(name, [""])]
 

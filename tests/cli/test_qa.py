@@ -87,3 +87,24 @@ def test_read_run_pages_flag(tmp_path, capsys):
     assert main([*base, "--read-run-pages", "1"]) == 0
     [answer] = _jsonl(capsys)
     assert answer["question"] == "What is the secret colour?"
+
+
+def test_read_second_at_flag(tmp_path, capsys):
+    """A document that repeats itself: the question's words meet equally well in every copy, so by default a
+    second place is read (as with any small share); `--read-second-at 0` reads one; a share outside (0, 1] is
+    a one-line usage error."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC * 40)
+    base = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--store", str(tmp_path / "s"), "--question",
+            "What is the secret colour?", "--max-new-tokens", "2", "--json", "--quiet", "--page-size", "32"]
+    for bad in ("1.5", "-0.2", "nan", "x"):
+        assert main([*base, "--read-second-at", bad]) == 2
+        err = capsys.readouterr().err
+        assert "--read-second-at" in err and "(0, 1]" in err and len(err.strip().splitlines()) == 1
+    passages = {}
+    for share in (None, "0", "0.01"):
+        assert main([*base, *(["--read-second-at", share] if share else [])]) == 0
+        [answer] = _jsonl(capsys)
+        passages[share] = answer["passages"]
+    assert len(passages[None]) == 2 and len(passages["0"]) == 1 and passages["0.01"] == passages[None]
+    assert passages["0"][0] in passages[None]

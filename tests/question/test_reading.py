@@ -1,6 +1,7 @@
 """Question-time reading (TieredConfig.reading): ranking, choosing, and reading the chosen pages afresh."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -91,6 +92,29 @@ def test_a_passage_goes_where_the_question_words_meet():
     assert run_pages(ReadingConfig(passage_tokens=512, signal="hybrid"), 128) == 1  # attention ranks pages
     with pytest.raises(ValueError, match="run_pages"):
         ReadingConfig(run_pages=0)
+
+
+def test_a_second_passage_is_read_where_the_words_meet_about_as_well_again():
+    """`second_at`: the best run (pages 7-8, all three words) is read; the next place that does not overlap it
+    (around page 2, two of the words repeated) is read too when its BM25 reaches that share of the first's."""
+    pages = [[0] * 4 for _ in range(12)]
+    pages[2], pages[7], pages[8] = [1, 2, 1, 2], [0, 0, 0, 3], [1, 0, 2, 0]
+    cache, codec, q = _word_cache(pages), _WordCodec(), "quokka wombat zebra"
+    cache.sealed_upto, cache.page_size = 48, 4
+    base = ReadingConfig(passages=1, passage_tokens=8, signal="lexical", run_pages=2)
+    one = choose(cache, [], q, base, codec, 0)
+    assert one.passages == [(29, 37)]
+    runs = lexical_runs(cache, list(range(12)), q, codec, 2)
+    share = max(v for p, v in runs.items() if p not in (6, 7, 8)) / runs[7]  # the best run that does not overlap
+    assert 0 < share < 1
+    below = dataclasses.replace(base, second_at=share * 0.99)
+    above = dataclasses.replace(base, second_at=min(1.0, share * 1.01))
+    assert choose(cache, [], q, below, codec, 0).passages == [(5, 13), (29, 37)]  # both, in document order
+    assert choose(cache, [], q, above, codec, 0).passages == [(29, 37)]
+    assert choose(cache, [], q, dataclasses.replace(base, passages=2), codec, 0).passages == [(5, 13), (29, 37)]
+    for bad in (0, 1.5, -0.1, True, "0.8"):
+        with pytest.raises(ValueError, match="second_at"):
+            ReadingConfig(second_at=bad)
 
 
 def test_stemming_meets_inflections_and_leaves_identifiers():

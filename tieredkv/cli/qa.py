@@ -3,6 +3,7 @@
 parse -> `TieredModel.open` once -> `TieredModel.ask` per question -> print (tieredkv/question/ask.py)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -15,6 +16,7 @@ from tieredkv.cli.common import (
     MAX_NEW_TOKENS,
     MAX_PAGE_SIZE,
     InputError,
+    fraction,
     int_at_least,
     int_between,
     model_arg,
@@ -28,6 +30,15 @@ from tieredkv.cli.common import (
 )
 
 MIN_DISK_BUDGET = 32 << 20  # LMDB's own overhead is 16 MiB (TieredModel.check_disk_budget)
+_NEVER = -1.0  # --read-second-at 0: one passage always (ReadingConfig.second_at None)
+
+
+def second_share(text: str) -> float:
+    """An argparse type: 0 (never), or a share in (0, 1]."""
+    try:
+        return _NEVER if float(text) == 0 else fraction(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"must be 0 (one passage always) or a share in (0, 1], got {text!r}") from None
 
 
 def _config_fields(args) -> dict:
@@ -41,8 +52,11 @@ def _config_fields(args) -> dict:
         fields["retrieval"] = args.retrieval
     reading_flags = {k: v for k, v in (("passages", args.read_passages), ("passage_tokens", args.read_tokens),
                                        ("signal", args.read_signal), ("candidates", args.read_candidates),
-                                       ("run_pages", args.read_run_pages))
+                                       ("run_pages", args.read_run_pages),
+                                       ("second_at", args.read_second_at))
                      if v is not None}
+    if reading_flags.get("second_at") == _NEVER:
+        reading_flags["second_at"] = None
     if args.reencode_pages and args.read_passages:
         raise InputError(f"--reencode-pages replaces the question-time reading, so --read-passages "
                          f"{args.read_passages} would do nothing; give one or the other")
@@ -249,6 +263,9 @@ def register(sub) -> None:
     r.add_argument("--read-run-pages", type=positive_int,
                    help="the lexical signal scores runs of this many pages, each as one passage (default: as many "
                         "as --read-tokens spans; 1: each page alone)")
+    r.add_argument("--read-second-at", type=second_share, metavar="SHARE",
+                   help="with one passage: read a second where the next place's BM25 reaches this share of the best's "
+                        f"(default {QA_READING.second_at}; 0: one passage always)")
     r.add_argument("--select", choices=SELECTIONS,
                    help="with --read-passages 0, over a document larger than the working set: how the question "
                         "chooses the stored pages it attends to (attention, the default: each step scores the pages' "

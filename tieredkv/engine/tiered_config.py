@@ -47,6 +47,10 @@ class ReadingConfig:
     run_pages: int | None = None
     # The lexical signal matches words by a light stem (index.lexical.stem: "harpooned" meets "harpoon").
     stemmed: bool = False
+    # With one passage and no judge, read a second where the next place (the best run that does not overlap the
+    # first) scores at least this share of the first's BM25: where the question's words meet about as well in
+    # two places, it reads both. None: one passage always. The lexical signal only.
+    second_at: float | None = None
 
     def __post_init__(self):
         check_ints(self, {"passages": (1, MAX_COUNT), "passage_tokens": (1, MAX_COUNT),
@@ -56,6 +60,9 @@ class ReadingConfig:
             raise ValueError(f"reading signal must be one of {READING_SIGNALS}, got {self.signal!r}")
         if not isinstance(self.stemmed, bool):
             raise ValueError(f"reading stemmed must be True or False, got {self.stemmed!r}")
+        s = self.second_at
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 1):
+            raise ValueError(f"reading second_at must be None or a share in (0, 1], got {s!r}")
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,13 @@ def places(cache, ranked: Sequence[int], query: str, count: int, width: int, cod
     best run first (`ranked`: the first page of each run of `run` pages): each centred where the question's
     words are densest in and around the run's best page (BM25 over pages alone; ties: the earlier page).
     A run that overlaps a passage already placed is passed over (the places read are distinct)."""
+    return [r for r, _ in placed_runs(cache, ranked, query, count, width, codec, first=first, end=end, run=run,
+                                      stemmed=stemmed)]
+
+
+def placed_runs(cache, ranked: Sequence[int], query: str, count: int, width: int, codec, *,
+                first: int, end: int, run: int = 1, stemmed: bool = False) -> list[tuple[tuple[int, int], int]]:
+    """`places`, each with the first page of the run it was placed in."""
     index = lexical_index(cache, codec, stemmed)
     terms = {index.term(w) for w in _WORD.findall(query.lower())} - {None}
     weights = {t: index.idf.get(t, 0.0) for t in terms}
@@ -161,7 +168,7 @@ def places(cache, ranked: Sequence[int], query: str, count: int, width: int, cod
         if len(out) == count:
             break
         last = min(len(spans), r + run) - 1
-        if any(a < spans[last].end and spans[r].start < b for a, b in out):
+        if any(a < spans[last].end and spans[r].start < b for (a, b), _ in out):
             continue
         p = r if page_scores is None else max(range(r, last + 1), key=lambda q: (page_scores[q], -q))
         lo_page, hi_page = max(0, p - 1), min(len(spans), p + 2)
@@ -171,7 +178,7 @@ def places(cache, ranked: Sequence[int], query: str, count: int, width: int, cod
         # the centre lies in page p (its neighbours only widen the window the passage may use)
         c = spans[p].start - around + centre(dense[spans[p].start - around:spans[p].end - around], width)
         a = max(first, min(around + c - width // 2, end - width))
-        out.append((a, min(end, a + width)))
+        out.append(((a, min(end, a + width)), r))
     return out
 
 
@@ -258,7 +265,8 @@ def frame_end(cache, config: ReadingConfig) -> int:
 
 def choose(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, codec, frame: int) -> Reading:
     """The passages the question reads (`Reading`; nothing is encoded): the signal ranks the pages, `places` puts
-    the passages, and with more candidates than passages the model judges them."""
+    the passages (with `second_at`, a second one where the next place's BM25 comes that close to the first's),
+    and with more candidates than passages the model judges them."""
     spans, end = cache.spans, cache.sealed_upto
     candidates = [s.page_id for s in spans if s.end > frame]
     votes = attention_votes(cache, prompt_ids) if config.signal in ("attention", "hybrid") else {}
@@ -268,13 +276,20 @@ def choose(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, 
         lexical_runs(cache, candidates, query, codec, run, stemmed) if run > 1
         else lexical_scores(cache, candidates, query, codec, stemmed))
     ranked = rank(candidates, votes, words, config.signal)
-    found = places(cache, ranked, query, max(config.passages, config.candidates), config.passage_tokens, codec,
-                   first=frame, end=end, run=run, stemmed=stemmed)
-    judged = likelihoods(cache, frame, found, prompt_ids) if len(found) > config.passages else []
+    second = (config.second_at is not None and config.signal == "lexical" and config.passages == 1
+              and config.candidates == 1)
+    runs = placed_runs(cache, ranked, query, max(config.passages, config.candidates, 2 if second else 1),
+                       config.passage_tokens, codec, first=frame, end=end, run=run, stemmed=stemmed)
+    found = [r for r, _ in runs]
+    read = config.passages
+    if second and len(runs) == 2 and words[runs[1][1]] >= config.second_at * words[runs[0][1]]:
+        read = 2  # the question's words meet about as well in a second place: read both
+    found = found[:max(read, config.candidates)]
+    judged = likelihoods(cache, frame, found, prompt_ids) if config.candidates > config.passages < len(found) else []
     if judged:
         found = [r for _, r in sorted(zip(judged, found), key=lambda x: -x[0])]  # stable: ties keep the signal's order
     # nothing matched (no word of the question in the document): read the document's end, as truncation does
-    ranges = merge(found[:config.passages]) or [(max(frame, end - config.passage_tokens * config.passages), end)]
+    ranges = merge(found[:read]) or [(max(frame, end - config.passage_tokens * config.passages), end)]
     return Reading(ranges, [p for p, _, _ in fragments(spans, ranges)], ranked, votes, words,
                    found if judged else [], sorted(judged, reverse=True))
 
