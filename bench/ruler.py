@@ -144,7 +144,7 @@ def table(rows: list[dict]) -> str:
                               ("decode ms/token", "decode_ms_per_token", "")])
 
 
-MARKED = {"ws25-lex": "*", "oracle25": "x", "stream25": "v", "ws25-union": "+", "ws25-exact": "1"}
+MARKED = {"ws25-lex": "*", "ws12-lex": "P", "oracle25": "x", "stream25": "v", "ws25-union": "+", "ws25-exact": "1"}
 
 
 def plot(rows: list[dict], path) -> None:

@@ -9,6 +9,7 @@ working set that holds a fraction of the document's pages (sink + top-k + local)
     ws25-lex           ws25 with TieredConfig(selection="lexical"): the question and answer attend to the sink,
                        local and the top-k pages whose text best matches the question's words (BM25 over the
                        pages' text), chosen once per question
+    ws12-lex           ws12 with TieredConfig(selection="lexical")
     ws25-exact         ws25's working set while answering, over pages ingested with full attention (the
                        artifact of an exact ingest grafted into the ws25 regime: `allow_domain_mismatch`)
 
@@ -37,7 +38,7 @@ CHUNK_PAGES = 4  # prefill chunks of 512 tokens: a quarter of the retrieval roun
 # system -> (fraction of the document's pages in the working set, how the top-k is chosen)
 BUDGET_SYSTEMS = {"ws12": (0.125, "per_head"), "ws25": (0.25, "per_head"), "ws50": (0.5, "per_head"),
                   "ws25-union": (0.25, "union"), "stream25": (0.25, "stream"), "oracle25": (0.25, "oracle"),
-                  "ws25-lex": (0.25, "lexical"), "ws25-exact": (0.25, "exact")}
+                  "ws25-lex": (0.25, "lexical"), "ws12-lex": (0.125, "lexical"), "ws25-exact": (0.25, "exact")}
 
 
 def budget_config(num_pages: int, fraction: float, mode: str, page_size: int) -> TieredConfig:
@@ -118,8 +119,14 @@ def exact_artifact(lm, doc_ids: list[int], store_dir, num_pages: int, page_size:
 
 
 # ----------------------------------------------------------------------------- table and plot
-def budget_rows(rows: list[dict], length: str) -> tuple[list[dict], set[str]]:
-    """The rows of `length` for the questions every budget system answered."""
+def budget_rows(rows: list[dict], length: str, whole: bool = False) -> tuple[list[dict], set[str]]:
+    """The rows of `length` for the questions every budget system answered; `whole`: every question of the
+    length (those the plain model answered), and only the systems that answered all of them."""
+    if whole:
+        common = {r["id"] for r in rows if r["length"] == length and r["system"] == "full"}
+        full = {s for s in {r["system"] for r in rows}
+                if common <= {r["id"] for r in rows if r["length"] == length and r["system"] == s}}
+        return [r for r in rows if r["length"] == length and r["system"] in full and r["id"] in common], common
     ids = [{r["id"] for r in rows if r["length"] == length and r["system"] == s} for s in BUDGET_SYSTEMS]
     common = set.intersection(*[i for i in ids if i]) if any(ids) else set()
     return [r for r in rows if r["length"] == length and r["id"] in common], common
@@ -144,10 +151,11 @@ def share(system: str, rows: list[dict], page_size: int) -> float | None:
 SHOWN = ("full", "tiered-attend", "tiered-attend-words", *BUDGET_SYSTEMS, "tiered-read", "ceiling", "bm25")
 
 
-def summaries(rows: list[dict], length: str, page_size: int) -> tuple[set[str], list[dict]]:
-    """Per system shown, on the questions every budget system answered: correct answers, the share of the
-    document attended, the evidence page's layers in the working set and the median decode ms/token."""
-    chosen, ids = budget_rows(rows, length)
+def summaries(rows: list[dict], length: str, page_size: int, whole: bool = False) -> tuple[set[str], list[dict]]:
+    """Per system shown, on the questions every budget system answered (`whole`: on every question, see
+    `budget_rows`): correct answers, the share of the document attended, the evidence page's layers in the
+    working set and the median decode ms/token."""
+    chosen, ids = budget_rows(rows, length, whole)
     out = []
     for s in SHOWN:
         mine = [r for r in chosen if r["system"] == s]
@@ -163,32 +171,50 @@ def summaries(rows: list[dict], length: str, page_size: int) -> tuple[set[str], 
     return ids, out
 
 
-def table(rows: list[dict], length: str, page_size: int) -> str:
-    ids, rows = summaries(rows, length, page_size)
+def table(rows: list[dict], length: str, page_size: int, whole: bool = False) -> str:
+    ids, rows = summaries(rows, length, page_size, whole)
     return markdown_table(rows, [(f"system ({len(ids)} questions, {length})", "system", ""), ("correct", "correct", ""),
                                  ("share of the document attended", "share", ".0%"),
                                  ("evidence page in the working set (layers, mean)", "evidence", ""),
                                  ("decode ms/token (median)", "decode_ms", "")])
 
 
-def plot(rows: list[dict], length: str, page_size: int, path) -> None:
-    """Accuracy against the share of the document attended, one point per system."""
+def plot(rows: list[dict], lengths: list[str], page_size: int, path) -> None:
+    """Accuracy against the share of the document attended, one point per system and a panel per length,
+    on every question of the length (the systems that answered all of them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    ids, shown = summaries(rows, length, page_size)
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for d in shown:
-        if d["share"] is not None and d["system"] in ("full", *BUDGET_SYSTEMS, "tiered-read"):
-            ax.scatter([d["share"]], [d["accuracy"]])
-            ax.annotate(d["system"], (d["share"], d["accuracy"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("share of the document's pages attended per KV head (log)")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(-0.02, max(0.5, ax.get_ylim()[1]))
-    ax.set_title(f"Accuracy against working set, {len(ids)} questions, {length} windows")
+    plotted = ("full", *BUDGET_SYSTEMS, "tiered-read")
+    colour = {s: matplotlib.colormaps["tab20"](i) for i, s in enumerate(plotted)}  # one per system, every panel
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 3.8), sharey=True, squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        ids, shown = summaries(rows, length, page_size, whole=True)
+        seen: dict[tuple, int] = {}
+        for d in shown:
+            if d["system"] == "ceiling":
+                ax.axhline(d["accuracy"], ls="--", lw=1, color="grey")
+                ax.annotate("ceiling: the right 512 tokens", (1.0, d["accuracy"]), xycoords=("axes fraction", "data"),
+                            xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=7, color="grey")
+            if d["share"] is None or d["system"] not in plotted:
+                continue
+            at = (d["share"], d["accuracy"])
+            ax.scatter([at[0]], [at[1]], color=colour[d["system"]])
+            n = seen[at] = seen.get(at, -1) + 1  # points at one place: their labels stacked
+            ax.annotate(f"{d['system']} {d['correct']}", at, textcoords="offset points", xytext=(4, 4 + 9 * n),
+                        fontsize=8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0%}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks([0.0625, 0.125, 0.25, 0.5, 1.0])
+        ax.set_xlabel("share of the document's pages attended per KV head (log)", fontsize=8)
+        ax.set_title(f"{length} windows, {len(ids)} questions", fontsize=10)
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][0].set_ylim(-0.02, max(0.5, axes[0][0].get_ylim()[1]))
+    fig.suptitle("Accuracy against the working set, inside the window", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -200,16 +226,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="table and plot of the budget systems of a longdoc_qa report's run")
     ap.add_argument("report", nargs="?", default="bench/results/longdoc_qa.json")
     ap.add_argument("--run", default="window", help="the run that holds the budget systems' rows")
-    ap.add_argument("--length", default="8k")
-    ap.add_argument("--plot", help="write the plot here (png)")
+    ap.add_argument("--length", default="8k", help="the table's length")
+    ap.add_argument("--whole", action="store_true",
+                    help="the table over every question of the length (the systems that answered all of them)")
+    ap.add_argument("--plot", help="write the plot here (png): a panel per length of --plot-lengths")
+    ap.add_argument("--plot-lengths", default="4k,8k", help="comma-separated lengths of the plot's panels")
     a = ap.parse_args(argv)
     run = read_run(a.report, "longdoc_qa", a.run)
     if run is None:
         raise SystemExit(f"{a.report} has no run {a.run!r}")
     rows, page_size = run["rows"], run["config"]["page_size"]
-    print(table(rows, a.length, page_size))
+    print(table(rows, a.length, page_size, a.whole))
     if a.plot:
-        plot(rows, a.length, page_size, a.plot)
+        plot(rows, [x for x in a.plot_lengths.split(",") if x], page_size, a.plot)
     return 0
 
 

@@ -52,3 +52,23 @@ def test_the_budget_table_reads_the_window_run(tmp_path, capsys):
     assert budget.main([str(out)]) == 0
     with pytest.raises(SystemExit, match="has no run 'news'"):
         budget.main([str(out), "--run", "news"])
+
+
+def test_the_budget_table_over_every_question_keeps_only_the_systems_that_answered_them_all(tmp_path, capsys):
+    def row(system, qid, correct, **extra):
+        return {"length": "8k", "system": system, "id": qid, "correct": correct, **extra}
+    budget_row = {"pages_per_head": 16, "document_pages": 64, "evidence_layers": 30, "layers": 30,
+                  "decode_ms_per_token": 50.0}
+    rows = [row("full", "q1", True), row("full", "q2", False),
+            row("ws25-lex", "q1", True, **budget_row), row("ws25-lex", "q2", True, **budget_row),
+            row("ws12", "q1", False, **{**budget_row, "pages_per_head": 8})]  # one question only
+    chosen, ids = budget.budget_rows(rows, "8k")
+    assert ids == {"q1"} and {r["system"] for r in chosen} == {"full", "ws25-lex", "ws12"}
+    chosen, ids = budget.budget_rows(rows, "8k", whole=True)
+    assert ids == {"q1", "q2"} and {r["system"] for r in chosen} == {"full", "ws25-lex"}
+    out = tmp_path / "longdoc_qa.json"
+    write_run(out, "longdoc_qa", "window", {"config": {"page_size": 128}, "rows": rows})
+    assert budget.main([str(out), "--whole", "--plot", str(tmp_path / "b.png"), "--plot-lengths", "8k"]) == 0
+    text = capsys.readouterr().out
+    assert "| ws25-lex | 2/2 | 25% |" in text and "ws12" not in text and "| full | 1/2 | 100% |" in text
+    assert (tmp_path / "b.png").stat().st_size > 0
