@@ -124,9 +124,9 @@ def budget_rows(rows: list[dict], length: str, whole: bool = False) -> tuple[lis
     length (those the plain model answered), and only the systems that answered all of them."""
     if whole:
         common = {r["id"] for r in rows if r["length"] == length and r["system"] == "full"}
-        full = {s for s in {r["system"] for r in rows}
-                if common <= {r["id"] for r in rows if r["length"] == length and r["system"] == s}}
-        return [r for r in rows if r["length"] == length and r["system"] in full and r["id"] in common], common
+        complete = {s for s in {r["system"] for r in rows}
+                    if common <= {r["id"] for r in rows if r["length"] == length and r["system"] == s}}
+        return [r for r in rows if r["length"] == length and r["system"] in complete and r["id"] in common], common
     ids = [{r["id"] for r in rows if r["length"] == length and r["system"] == s} for s in BUDGET_SYSTEMS]
     common = set.intersection(*[i for i in ids if i]) if any(ids) else set()
     return [r for r in rows if r["length"] == length and r["id"] in common], common

@@ -285,7 +285,7 @@ def choose(cache, prompt_ids: Sequence[int], query: str, config: ReadingConfig, 
     if second and len(runs) == 2 and words[runs[1][1]] >= config.second_at * words[runs[0][1]]:
         read = 2  # the question's words meet about as well in a second place: read both
     found = found[:max(read, config.candidates)]
-    judged = likelihoods(cache, frame, found, prompt_ids) if config.candidates > config.passages < len(found) else []
+    judged = likelihoods(cache, frame, found, prompt_ids) if len(found) > read else []
     if judged:
         found = [r for _, r in sorted(zip(judged, found), key=lambda x: -x[0])]  # stable: ties keep the signal's order
     # nothing matched (no word of the question in the document): read the document's end, as truncation does
