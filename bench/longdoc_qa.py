@@ -612,6 +612,9 @@ def main(argv=None) -> int:
     done = read_run(out, "longdoc_qa", a.run) if a.resume else None
     rows = done["rows"] if done else []
     report = new_report(lm, a, info, rows)
+    # NOTE: the run is written after every row; a resumed run keeps its recipe and domain meanwhile (the rows they
+    # re-run are kept), so a run stopped part-way can still be re-checked
+    report.update({k: done[k] for k in ("recheck", "domain") if done and k in done})
     run_items(lm, runner, a, items, report, out)
     report["summary"] = summarize(rows)
     report["domain"] = domain(lm, a.page_size)

@@ -36,7 +36,7 @@ import torch
 from bench.corpora.tasks import SUITE
 from bench.lib.common import markdown_table
 from bench.lib.report import environment, print_recheck, recheck_block, write_report
-from bench.longdoc.budget import BUDGET_SYSTEMS, budget_config, run_budget
+from bench.longdoc.budget import BUDGET_SYSTEMS, budget_config, label_heights, run_budget
 from bench.passkey import run_qa
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.models.loading import kv_bytes_per_token, load_model
@@ -144,7 +144,8 @@ def table(rows: list[dict]) -> str:
                               ("decode ms/token", "decode_ms_per_token", "")])
 
 
-MARKED = {"ws25-lex": "*", "ws12-lex": "P", "oracle25": "x", "stream25": "v", "ws25-union": "+", "ws25-exact": "1"}
+MARKED = {"ws25-lex": "*", "ws12-lex": "P", "ws25-q": "s", "ws12-q": "^", "ws25-hyb": "h", "ws12-d2": "<",
+          "ws12-lex-d2": ">", "oracle25": "x", "stream25": "v", "ws25-union": "+", "ws25-exact": "1"}
 
 
 def plot(rows: list[dict], path) -> None:
@@ -153,23 +154,30 @@ def plot(rows: list[dict], path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     s = summary(rows)
+    labels = []  # (share, recall, text, colour) of every marked point: placed together so none overlap
     for n in sorted({d["context"] for d in s}):
         pts = sorted((d["share"], d["recall"]) for d in s if d["context"] == n and d["system"] in
                      ("ws12", "ws25", "ws50", "full"))
         line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{n:,} tokens: per-head top-k")
-        others = [d for d in s if d["context"] == n and d["system"] in MARKED]
-        for i, d in enumerate(others):
-            ax.scatter([d["share"]], [d["recall"]], marker=MARKED[d["system"]], color=line[0].get_color())
-            ax.annotate(f"{d['system']} ({n // 1000}K)", (d["share"], d["recall"]), fontsize=7,
-                        xytext=(6, 8 * i - 12), textcoords="offset points", color=line[0].get_color())
+        colour = line[0].get_color()
+        for d in (d for d in s if d["context"] == n and d["system"] in MARKED):
+            ax.scatter([d["share"]], [d["recall"]], marker=MARKED[d["system"]], color=colour)
+            labels.append((d["share"], d["recall"], f"{d['system']} ({n // 1000}K)", colour))
         for d in s:
             if d["context"] == n and d["system"] == "qa":
-                ax.axhline(d["recall"], ls=":", color=line[0].get_color(), lw=1)
+                ax.axhline(d["recall"], ls=":", color=colour, lw=1)
+    heights = label_heights([(x, y) for x, y, _, _ in labels], gap=0.017)
+    for (x, y, text, colour), h in zip(labels, heights):
+        ax.annotate(text, (x, y), xytext=(x * 1.05, h), textcoords="data", fontsize=7, color=colour, va="center")
     ax.set_xscale("log")
-    ax.set_ylim(-0.02, max(d["recall"] for d in s) + 0.05)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0%}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks([0.125, 0.25, 0.5, 1.0])
+    ax.set_ylim(-0.02, max([d["recall"] for d in s] + heights) + 0.05)
     ax.set_xlabel("share of the document's pages attended per KV head (log)")
     ax.set_ylabel("mean recall of expected strings")
     ax.set_title("Synthetic suite: recall against working set (dotted: tieredkv qa)", fontsize=10)

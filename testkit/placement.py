@@ -1,4 +1,5 @@
-"""A diagnostic placement policy: oracle retrieval, for measuring what retrieval misses (not shipped)."""
+"""Diagnostic placement policies (not shipped): oracle retrieval (`ForcedPages`), for measuring what retrieval
+misses, and dense first layers (`DenseLayers`)."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -6,7 +7,7 @@ from typing import Iterable
 import torch
 
 from tieredkv.engine.placement import PlacementPolicy
-from tieredkv.engine.working_set import select_pages
+from tieredkv.engine.working_set import retrieval_excluded, select_pages
 
 
 class ForcedPages(PlacementPolicy):
@@ -33,3 +34,33 @@ class ForcedPages(PlacementPolicy):
 
     def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
         return self.base.place(ctx, page_ids)
+
+
+class DenseLayers(PlacementPolicy):
+    """Quest's dense first layers, for diagnostics: layers below `layers` attend to every page of the context;
+    the others select and place as `base` does. The retrieval log records every far page for a dense layer."""
+
+    def __init__(self, base: PlacementPolicy, layers: int):
+        self.base, self.layers = base, layers
+        self.name = f"{base.name}+dense{layers}"
+
+    def _dense(self, ctx, layer_idx: int) -> list[int] | None:
+        if layer_idx >= self.layers or not ctx.retrieving:
+            return None
+        c, n = ctx.config, len(ctx.spans)
+        ctx.retrieval_log.append(sorted(set(range(n)) - retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)))
+        return list(range(n))
+
+    def select_heads(self, ctx, layer_idx: int, query: torch.Tensor):
+        every = self._dense(ctx, layer_idx)
+        return (every, None) if every is not None else self.base.select_heads(ctx, layer_idx, query)
+
+    def select(self, ctx, layer_idx: int, query: torch.Tensor) -> list[int]:
+        every = self._dense(ctx, layer_idx)
+        return every if every is not None else self.base.select(ctx, layer_idx, query)
+
+    def place(self, ctx, page_ids: list[int]) -> dict[int, int]:
+        return self.base.place(ctx, page_ids)
+
+    def place_heads(self, ctx, shared: list[int], rows: list[list[int]]):
+        return self.base.place_heads(ctx, shared, rows)

@@ -10,6 +10,13 @@ working set that holds a fraction of the document's pages (sink + top-k + local)
                        local and the top-k pages whose text best matches the question's words (BM25 over the
                        pages' text), chosen once per question
     ws12-lex           ws12 with TieredConfig(selection="lexical")
+    ws25-q, ws12-q     ws25, ws12 with TieredConfig(selection="question"): at the question's forward each layer's KV
+                       heads rank every far page by the attention the question's queries give its keys (SnapKV,
+                       per page) and hold their top-k while the question and its answer run
+    ws25-hyb           ws25 with TieredConfig(selection="hybrid"): ws25-q's ranking fused by rank with ws25-lex's
+    ws12-d2, ws12-lex-d2
+                       ws12, ws12-lex with their first DENSE_LAYERS layers attending to every page while the question
+                       and its answer run (as Quest leaves its first two layers dense; testkit.placement.DenseLayers)
     ws25-exact         ws25's working set while answering, over pages ingested with full attention (the
                        artifact of an exact ingest grafted into the ws25 regime: `allow_domain_mismatch`)
 
@@ -27,18 +34,22 @@ import time
 from bench.lib.common import markdown_table
 from bench.lib.report import read_run
 from paging import PageStore, StoreConfig
-from testkit.placement import ForcedPages
+from testkit.placement import DenseLayers, ForcedPages
 from tieredkv.engine.placement import OwnPositions
 from tieredkv.engine.tiered_config import TieredConfig
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
 from tieredkv.question.qa import open_document
 
 CHUNK_PAGES = 4  # prefill chunks of 512 tokens: a quarter of the retrieval rounds of one-page chunks
+DENSE_LAYERS = 2  # the "+dense" systems' first layers that attend to every page (Quest's choice)
 
 # system -> (fraction of the document's pages in the working set, how the top-k is chosen)
 BUDGET_SYSTEMS = {"ws12": (0.125, "per_head"), "ws25": (0.25, "per_head"), "ws50": (0.5, "per_head"),
                   "ws25-union": (0.25, "union"), "stream25": (0.25, "stream"), "oracle25": (0.25, "oracle"),
-                  "ws25-lex": (0.25, "lexical"), "ws12-lex": (0.125, "lexical"), "ws25-exact": (0.25, "exact")}
+                  "ws25-lex": (0.25, "lexical"), "ws12-lex": (0.125, "lexical"),
+                  "ws25-q": (0.25, "question"), "ws12-q": (0.125, "question"),
+                  "ws25-hyb": (0.25, "hybrid"), "ws12-d2": (0.125, "per_head+dense"),
+                  "ws12-lex-d2": (0.125, "lexical+dense"), "ws25-exact": (0.25, "exact")}
 
 
 def budget_config(num_pages: int, fraction: float, mode: str, page_size: int) -> TieredConfig:
@@ -67,10 +78,12 @@ def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], sy
     """The document (grafted when `store_dir` holds it under this budget, else ingested) and one question
     under a budget system; (answer ids, the row's evidence: `evidence` are the pages that hold the answer)."""
     fraction, mode = BUDGET_SYSTEMS[system]
+    dense = DENSE_LAYERS if mode.endswith("+dense") else 0
+    mode = mode.removesuffix("+dense")
     num_pages = math.ceil(len(doc_ids) / page_size)
     config = budget_config(num_pages, fraction, mode if mode in ("union", "stream") else "per_head", page_size)
-    if mode == "lexical":
-        config = dataclasses.replace(config, selection="lexical")
+    if mode in ("lexical", "question", "hybrid"):
+        config = dataclasses.replace(config, selection=mode)
     device_bytes = working_set_bytes(lm, config)
     t0 = time.perf_counter()
     exact = exact_artifact(lm, doc_ids, store_dir, num_pages, page_size) if mode == "exact" else None
@@ -84,6 +97,8 @@ def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], sy
             t_open = time.perf_counter() - t0
             if mode == "oracle":
                 tm.cache.policy = ForcedPages(OwnPositions(), evidence, replace=True)
+            if dense:
+                tm.cache.policy = DenseLayers(tm.cache.policy, dense)
             tm.keep_in_memory()
             tm.cache.retrieval_log.clear()
             t1 = time.perf_counter()
@@ -96,7 +111,9 @@ def run_budget(lm, doc_ids: list[int], q_ids: list[int], evidence: list[int], sy
     read_layers = log[:layers]  # the question's forward: one selection per layer
     return out, {"config": {"sink_pages": 1, "local_pages": config.local_pages, "topk_pages": config.topk_pages,
                             "retrieval": config.retrieval, "chunk_pages": config.chunk_pages, "mode": mode},
-                 "pages_per_head": config.capacity_pages, "document_pages": num_pages,
+                 "pages_per_head": (round((dense * num_pages + (layers - dense) * config.capacity_pages) / layers, 2)
+                                    if dense else config.capacity_pages),
+                 "dense_layers": dense, "document_pages": num_pages,
                  "device_tier_budget_bytes": device_bytes, "artifact": art.artifact_id,
                  "grafted": grafted, "open_s": round(t_open, 2), "answer_s": round(t_answer, 2),
                  "decode_ms_per_token": round(1000 * t_answer / max(1, len(out)), 1), "answer_pages": list(evidence),
@@ -179,6 +196,18 @@ def table(rows: list[dict], length: str, page_size: int, whole: bool = False) ->
                                  ("decode ms/token (median)", "decode_ms", "")])
 
 
+def label_heights(points: list[tuple[float, float]], gap: float) -> list[float]:
+    """The height of each point's label, for a plot with a log x axis: its y, raised where it would overlap the
+    label of a point at about the same x (within a quarter octave), so labels there are at least `gap` apart."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][1], i))
+    out, last = [0.0] * len(points), {}
+    for i in order:
+        x, y = points[i]
+        column = round(4 * math.log2(x))
+        out[i] = last[column] = max(y, last.get(column, -math.inf) + gap)
+    return out
+
+
 def plot(rows: list[dict], lengths: list[str], page_size: int, path) -> None:
     """Accuracy against the share of the document attended, one point per system and a panel per length,
     on every question of the length (the systems that answered all of them)."""
@@ -193,7 +222,9 @@ def plot(rows: list[dict], lengths: list[str], page_size: int, path) -> None:
     fig, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 3.8), sharey=True, squeeze=False)
     for ax, length in zip(axes[0], lengths):
         ids, shown = summaries(rows, length, page_size, whole=True)
-        seen: dict[tuple, int] = {}
+        marked = [d for d in shown if d["share"] is not None and d["system"] in plotted]
+        label_at = dict(zip((d["system"] for d in marked),
+                            label_heights([(d["share"], d["accuracy"]) for d in marked], gap=0.022)))
         for d in shown:
             if d["system"] == "ceiling":
                 ax.axhline(d["accuracy"], ls="--", lw=1, color="grey")
@@ -203,9 +234,8 @@ def plot(rows: list[dict], lengths: list[str], page_size: int, path) -> None:
                 continue
             at = (d["share"], d["accuracy"])
             ax.scatter([at[0]], [at[1]], color=colour[d["system"]])
-            n = seen[at] = seen.get(at, -1) + 1  # points at one place: their labels stacked
-            ax.annotate(f"{d['system']} {d['correct']}", at, textcoords="offset points", xytext=(4, 4 + 9 * n),
-                        fontsize=8)
+            ax.annotate(f"{d['system']} {d['correct']}", at, xytext=(at[0] * 1.07, label_at[d["system"]]),
+                        textcoords="data", fontsize=8, va="center")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0%}"))
         ax.xaxis.set_minor_formatter(NullFormatter())

@@ -72,3 +72,8 @@ def test_the_budget_table_over_every_question_keeps_only_the_systems_that_answer
     text = capsys.readouterr().out
     assert "| ws25-lex | 2/2 | 25% |" in text and "ws12" not in text and "| full | 1/2 | 100% |" in text
     assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_labels_of_points_at_about_one_share_do_not_overlap():
+    points = [(0.25, 0.0), (0.26, 0.01), (0.25, 0.2), (0.125, 0.01), (0.25, 0.0)]
+    assert budget.label_heights(points, gap=0.02) == [0.0, 0.04, 0.2, 0.01, 0.02]

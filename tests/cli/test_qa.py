@@ -63,11 +63,12 @@ def test_a_questions_file_line_that_is_not_a_question_is_one_line(tmp_path, caps
     assert not (tmp_path / "s").exists()
 
 
-def test_select_lexical_needs_the_reading_off_and_then_answers(tmp_path, capsys):
+@pytest.mark.parametrize("selection", ["lexical", "question"])
+def test_a_question_time_selection_needs_the_reading_off_and_then_answers(tmp_path, capsys, selection):
     doc = tmp_path / "doc.txt"
     doc.write_text(DOC * 3)
     base = ["qa", "--model", "tiny-llama", "--doc", str(doc), "--store", str(tmp_path / "s"), "--question",
-            "What is the secret colour?", "--max-new-tokens", "2", "--json", "--quiet", "--select", "lexical"]
+            "What is the secret colour?", "--max-new-tokens", "2", "--json", "--quiet", "--select", selection]
     assert main(base) != 0
     assert "--read-passages 0" in capsys.readouterr().err
     small = ["--read-passages", "0", "--position", "own", "--page-size", "32", "--local-pages", "2",

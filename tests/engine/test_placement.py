@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testkit.placement import ForcedPages
+from testkit.placement import DenseLayers, ForcedPages
 from tests.engine.test_tiered_model import _ids, tiered
 from tieredkv.engine.placement import FixedDistance, OwnPositions, PlacementPolicy, grouped_queries
 from tieredkv.engine.tiered_cache import FullAttentionLayer, SlidingWindowLayer
@@ -67,6 +67,20 @@ def test_forced_pages_added_to_retrieval_keep_its_log(tiny_model, tmp_path):
             selection = tm.cache.last_selection(layer)
             assert 7 in selection and set(found) <= set(selection)
             assert len(selection) == len({0, 18, 19, 7, *found})
+
+
+@pytest.mark.parametrize("retrieval", ["per_head", "union"])
+def test_dense_layers_read_every_page_and_the_rest_select_as_their_base(tiny_model, tmp_path, retrieval):
+    with tiered(tiny_model("tiny-llama"), tmp_path, TieredConfig(**SMALL, retrieval=retrieval)) as tm:
+        tm.ingest(_ids(640, 1))  # 20 pages of 32
+        tm.use_policy(DenseLayers(OwnPositions(), 1))
+        tm.cache.retrieval_log.clear()
+        tm.prefill(_ids(5, 2))
+        layers = len(tm.cache.layers)
+        assert layers > 1 and tm.cache.last_selection(0) == list(range(20))
+        assert tm.cache.retrieval_log[0] == list(range(1, 18))  # every far page
+        for layer in range(1, layers):
+            assert len(tm.cache.last_selection(layer)) <= 1 + 2 + tm.cache.layout.num_kv_heads * 1
 
 
 class _Everything(PlacementPolicy):

@@ -269,7 +269,9 @@ def register(sub) -> None:
     r.add_argument("--select", choices=SELECTIONS,
                    help="with --read-passages 0, over a document larger than the working set: how the question "
                         "chooses the stored pages it attends to (attention, the default: each step scores the pages' "
-                        "keys; lexical: the pages matching the question's words, once per question)")
+                        "keys; lexical: the pages matching the question's words, once per question; question: each "
+                        "layer's pages ranked by the question's attention over their keys, once per question; "
+                        "hybrid: that ranking fused with the words')")
     r.add_argument("--reencode-pages", type=nonneg_int,
                    help="instead of reading: re-encode the N most-retrieved pages beside each layer's retrieval "
                         "(the earlier question-time step)")

@@ -72,8 +72,13 @@ class PlacementPolicy:
         return [sorted(row) for row in self.ranked_per_head(ctx, layer_idx, query)]
 
     def ranked_per_head(self, ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
-        """Each KV head's top-k far pages (not sink, not local) for `query`, best first."""
+        """Each KV head's top-k far pages (not sink, not local) for `query`, best first: the index's, or under
+        TieredConfig.selection="question" (or "hybrid") the ranking the question chose (question_choice.py)."""
         c = ctx.config
+        if ctx.question_ranking is not None and c.selection in ("question", "hybrid"):
+            from tieredkv.engine.question_choice import held_ranking
+
+            return [row[:c.topk_pages] for row in held_ranking(ctx, layer_idx, query)]
         grouped = grouped_queries(self.scoring_query(ctx, layer_idx, query), ctx.layout.num_kv_heads)
         exclude = retrieval_excluded(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
         ids, _ = ctx.index.search(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)

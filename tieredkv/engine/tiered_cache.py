@@ -207,6 +207,10 @@ class TieredCache(Cache):
         self.lexical_index = None
         # far pages a question chose by its words, attended instead of searching (TieredConfig.selection)
         self.held_pages: list[int] | None = None
+        # layer -> each KV head's far pages as a question's attention ranked them (TieredConfig.selection=
+        # "question", question_choice.py); None: the index searches
+        self.question_ranking: dict[int, list[list[int]]] | None = None
+        self.question_words: list[int] | None = None  # selection="hybrid": the pages' BM25 ranking, fused in
 
     # ------------------------------------------------------------------ bookkeeping
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -12,7 +12,7 @@ TOPK_DEFAULTS = {"own": 16, "fixed": 8}
 REUSE_MIN_COSINE = 0.95  # see TieredConfig.reuse_steps
 READING_SIGNALS = ("attention", "lexical", "hybrid")
 RETRIEVAL_MODES = ("union", "per_head")  # see TieredConfig.retrieval
-SELECTIONS = ("attention", "lexical")  # see TieredConfig.selection
+SELECTIONS = ("attention", "lexical", "question", "hybrid")  # see TieredConfig.selection
 MAX_PAGE_SIZE = 1 << 16  # tokens per page: far above any useful page (the default is 128)
 MAX_COUNT = 1 << 24  # any other count of pages, steps or summaries: far above any useful one
 
@@ -121,8 +121,12 @@ class TieredConfig:
     # pages' key summaries against its queries, per layer (and KV head). "lexical": once per question, the
     # pages whose text best matches the question's words (BM25 over the pages' text) are held in every
     # layer's working set for all KV heads while the question and its answer run, with the sink and local
-    # pages, as many as one head reads under `retrieval` (`held_pages`); no index search per step. Ingest is
-    # unchanged (the stored pages are the same bytes).
+    # pages, as many as one head reads under `retrieval` (`held_pages`); no index search per step. "question"
+    # (SnapKV, per page): at the question's forward each layer scores every page's keys against the question's
+    # queries (softmax over the document) and each KV head ranks the far pages by the attention they get; the
+    # ranking is held while the question and its answer run (engine/question_choice.py). "hybrid": that
+    # ranking fused by rank with the pages' BM25 ranking for the question's words. Ingest is unchanged either
+    # way (the stored pages are the same bytes).
     selection: str = "attention"
     score_frame: str = "attended"
     write_batch: int = 16  # sealed pages written to the store per LMDB transaction

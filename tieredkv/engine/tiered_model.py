@@ -315,6 +315,7 @@ class TieredModel:
         self.last_reading = None
         if not self._sealed() or self.cache.reencoded:
             return
+        self.cache.question_ranking = None
         if self.config.reading is not None:  # NOTE: whether or not attention retrieves: a reading picks passages
             from tieredkv.question.reading import read
 
@@ -329,6 +330,13 @@ class TieredModel:
 
             k = self.config.held_pages(self.cache.layout.num_kv_heads)
             self.cache.held_pages = lexical_pages(self.cache, self._question_text(new_ids, question), k, self.lm.codec)
+        elif self.config.selection in ("question", "hybrid") and self.cache.retrieving:
+            from tieredkv.engine.question_choice import arm
+            from tieredkv.question.reading import lexical_ranking
+
+            query = self._question_text(new_ids, question)
+            hybrid = self.config.selection == "hybrid"
+            arm(self.cache, lexical_ranking(self.cache, query, self.lm.codec) if hybrid else None)
 
     def _question_text(self, new_ids: list[int], question: str | None) -> str:
         """What a question-time step matches against the pages: the question given, else the prompt's text."""

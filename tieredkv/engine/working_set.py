@@ -5,6 +5,7 @@ Pure functions over page spans: no store, no model. The cache feeds them and ass
 from __future__ import annotations
 
 import bisect
+import collections
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -65,6 +66,18 @@ def merge_ranked(rows: Sequence[Sequence[int]], cap: int | None = None) -> list[
             if rank < len(row) and len(chosen) < cap:
                 chosen.setdefault(int(row[rank]))
     return sorted(chosen)
+
+
+RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
+
+
+def fuse(rankings: Sequence[Sequence[int]]) -> list[int]:
+    """Reciprocal-rank fusion of best-first page lists (ties: the earlier page)."""
+    score: dict[int, float] = collections.defaultdict(float)
+    for ranking in rankings:
+        for r, p in enumerate(ranking):
+            score[p] += 1.0 / (RRF_K + r + 1)
+    return sorted(score, key=lambda p: (-score[p], p))
 
 
 def retrieval_excluded(num_pages: int, *, sink: int, local: int) -> set[int]:

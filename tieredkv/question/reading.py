@@ -26,7 +26,6 @@ every question, the attention signals rarely do, and fusing them loses to lexica
 """
 from __future__ import annotations
 
-import collections
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
@@ -35,10 +34,9 @@ import numpy as np
 
 from tieredkv.engine.placement import PlacementPolicy
 from tieredkv.engine.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
-from tieredkv.engine.working_set import retrieval_excluded
+from tieredkv.engine.working_set import fuse, retrieval_excluded
 from tieredkv.question.reencode import attention_votes
 
-RRF_K = 60  # reciprocal-rank fusion constant (Cormack, Clarke and Buettcher 2009)
 _WORD = re.compile(r"[a-z0-9_]+")
 
 
@@ -94,20 +92,16 @@ def lexical_runs(cache, candidates: Sequence[int], query: str, codec, run: int, 
 def lexical_pages(cache, query: str, k: int, codec) -> list[int] | None:
     """The `k` far pages (not sink, not local) whose text best matches `query` (BM25), in position order;
     None where no far page holds one of its words (attention then searches as usual)."""
+    return sorted(lexical_ranking(cache, query, codec)[:k]) or None
+
+
+def lexical_ranking(cache, query: str, codec) -> list[int]:
+    """The far pages (not sink, not local) that hold one of `query`'s words, best BM25 first (ties: the earlier)."""
     c = cache.config
     far = sorted(set(range(len(cache.spans))) - retrieval_excluded(len(cache.spans), sink=c.sink_pages,
                                                                      local=c.local_pages))
     scores = lexical_scores(cache, far, query, codec)
-    return sorted(sorted(scores, key=lambda p: (-scores[p], p))[:k]) or None
-
-
-def fuse(rankings: Sequence[Sequence[int]]) -> list[int]:
-    """Reciprocal-rank fusion of best-first page lists (ties: the earlier page)."""
-    score: dict[int, float] = collections.defaultdict(float)
-    for ranking in rankings:
-        for r, p in enumerate(ranking):
-            score[p] += 1.0 / (RRF_K + r + 1)
-    return sorted(score, key=lambda p: (-score[p], p))
+    return sorted(scores, key=lambda p: (-scores[p], p))
 
 
 def rank(candidates: Sequence[int], votes: dict[int, int] | None, lexical: dict[int, float] | None,
