@@ -7,7 +7,7 @@ from typing import Iterable
 import torch
 
 from tieredkv.engine.placement import PlacementPolicy
-from tieredkv.engine.working_set import retrieval_excluded, select_pages
+from tieredkv.engine.working_set import far_pages, select_pages
 
 
 class ForcedPages(PlacementPolicy):
@@ -48,7 +48,7 @@ class DenseLayers(PlacementPolicy):
         if layer_idx >= self.layers or not ctx.retrieving:
             return None
         c, n = ctx.config, len(ctx.spans)
-        ctx.retrieval_log.append(sorted(set(range(n)) - retrieval_excluded(n, sink=c.sink_pages, local=c.local_pages)))
+        ctx.retrieval_log.append(list(far_pages(n, sink=c.sink_pages, local=c.local_pages)))
         return list(range(n))
 
     def select_heads(self, ctx, layer_idx: int, query: torch.Tensor):

@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import torch
 
+from tieredkv.engine.tiered_config import QUESTION_SELECTIONS
 from tieredkv.engine.working_set import HeadPages, fixed_positions, merge_ranked, retrieval_excluded, select_pages
 
 
@@ -75,10 +76,10 @@ class PlacementPolicy:
         """Each KV head's top-k far pages (not sink, not local) for `query`, best first: the index's, or under
         TieredConfig.selection="question" (or "hybrid") the ranking the question chose (question_choice.py)."""
         c = ctx.config
-        if ctx.question_ranking is not None and c.selection in ("question", "hybrid"):
+        if ctx.question_ranking is not None and c.selection in QUESTION_SELECTIONS:
             from tieredkv.engine.question_choice import held_ranking
 
-            return [row[:c.topk_pages] for row in held_ranking(ctx, layer_idx, query)]
+            return held_ranking(ctx, layer_idx, query, c.topk_pages)
         grouped = grouped_queries(self.scoring_query(ctx, layer_idx, query), ctx.layout.num_kv_heads)
         exclude = retrieval_excluded(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
         ids, _ = ctx.index.search(layer_idx, grouped.float().cpu().numpy(), c.topk_pages, exclude=exclude)

@@ -17,11 +17,12 @@ full attention would give them), under either position policy.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
 
-from tieredkv.engine.working_set import fuse, retrieval_excluded
+from tieredkv.engine.working_set import far_pages, fuse
 
 _SCALING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {layer: its attention's scale}
 
@@ -33,15 +34,16 @@ def arm(cache, words: list[int] | None = None) -> None:
     cache.question_ranking, cache.question_words = {}, words
 
 
-def held_ranking(ctx, layer_idx: int, query: torch.Tensor) -> list[list[int]]:
-    """Each KV head's far pages for this layer, best first, as the question's queries ranked them (every far
-    page of the context when the question ran, minus those that have since joined the local window)."""
+def held_ranking(ctx, layer_idx: int, query: torch.Tensor, k: int) -> list[list[int]]:
+    """Each KV head's best `k` far pages for this layer, best first, as the question's queries ranked them (the
+    far pages of the context when the question ran, passing over those that have since joined the local
+    window). Every forward of a decode step calls this: each row is read only as far as its k-th page."""
     ranking = ctx.question_ranking
     if layer_idx not in ranking:
         ranking[layer_idx] = rank_by_attention(ctx, layer_idx, query)
     c = ctx.config
-    exclude = retrieval_excluded(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
-    return [[p for p in row if p not in exclude] for row in ranking[layer_idx]]
+    far = far_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
+    return [list(itertools.islice((p for p in row if p in far), k)) for row in ranking[layer_idx]]
 
 
 @torch.inference_mode()
@@ -50,8 +52,7 @@ def rank_by_attention(ctx, layer_idx: int, query: torch.Tensor) -> list[list[int
     this layer, post-rotary) over each page's keys (ties: the earlier page)."""
     c = ctx.config
     mass = page_mass(ctx, layer_idx, query)  # [Hkv, pages]
-    far = sorted(set(range(len(ctx.spans))) - retrieval_excluded(len(ctx.spans), sink=c.sink_pages,
-                                                                    local=c.local_pages))
+    far = far_pages(len(ctx.spans), sink=c.sink_pages, local=c.local_pages)
     ranked = [sorted(far, key=lambda p: (-float(row[p]), p)) for row in mass]
     words = ctx.question_words
     return [fuse([row, words]) for row in ranked] if words else ranked

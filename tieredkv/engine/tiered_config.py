@@ -13,6 +13,7 @@ REUSE_MIN_COSINE = 0.95  # see TieredConfig.reuse_steps
 READING_SIGNALS = ("attention", "lexical", "hybrid")
 RETRIEVAL_MODES = ("union", "per_head")  # see TieredConfig.retrieval
 SELECTIONS = ("attention", "lexical", "question", "hybrid")  # see TieredConfig.selection
+QUESTION_SELECTIONS = ("question", "hybrid")  # ranked by the question's attention (engine/question_choice.py)
 MAX_PAGE_SIZE = 1 << 16  # tokens per page: far above any useful page (the default is 128)
 MAX_COUNT = 1 << 24  # any other count of pages, steps or summaries: far above any useful one
 

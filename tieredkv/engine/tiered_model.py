@@ -32,7 +32,7 @@ from tieredkv.engine.generation import generation_options, prompt_ids, seeded, w
 from tieredkv.engine.placement import PlacementPolicy, policy_for
 from tieredkv.engine.schedule import canonical_chunks
 from tieredkv.engine.tiered_cache import TieredCache, page_summaries
-from tieredkv.engine.tiered_config import AUTO, TieredConfig
+from tieredkv.engine.tiered_config import AUTO, QUESTION_SELECTIONS, TieredConfig
 from tieredkv.engine.working_set import Span
 from tieredkv.errors import (
     CacheNotActiveError,
@@ -330,7 +330,7 @@ class TieredModel:
 
             k = self.config.held_pages(self.cache.layout.num_kv_heads)
             self.cache.held_pages = lexical_pages(self.cache, self._question_text(new_ids, question), k, self.lm.codec)
-        elif self.config.selection in ("question", "hybrid") and self.cache.retrieving:
+        elif self.config.selection in QUESTION_SELECTIONS and self.cache.retrieving:
             from tieredkv.engine.question_choice import arm
             from tieredkv.question.reading import lexical_ranking
 

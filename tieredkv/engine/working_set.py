@@ -84,6 +84,12 @@ def retrieval_excluded(num_pages: int, *, sink: int, local: int) -> set[int]:
     return set(range(min(sink, num_pages))) | set(range(max(0, num_pages - local), num_pages))
 
 
+def far_pages(num_pages: int, *, sink: int, local: int) -> range:
+    """The pages retrieval chooses among (neither sink nor local), in position order: the complement of
+    `retrieval_excluded`."""
+    return range(min(sink, num_pages), max(0, num_pages - local))
+
+
 def build_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, *, sliding_window: int | None, kind: str,
                dtype: torch.dtype, q_offset: int) -> torch.Tensor | None:
     """The mask the model's own attention would get, for keys at absolute positions `k_pos`.

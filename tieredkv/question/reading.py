@@ -34,7 +34,7 @@ import numpy as np
 
 from tieredkv.engine.placement import PlacementPolicy
 from tieredkv.engine.tiered_config import ReadingConfig  # noqa: F401  (re-exported)
-from tieredkv.engine.working_set import fuse, retrieval_excluded
+from tieredkv.engine.working_set import far_pages, fuse
 from tieredkv.question.reencode import attention_votes
 
 _WORD = re.compile(r"[a-z0-9_]+")
@@ -98,9 +98,7 @@ def lexical_pages(cache, query: str, k: int, codec) -> list[int] | None:
 def lexical_ranking(cache, query: str, codec) -> list[int]:
     """The far pages (not sink, not local) that hold one of `query`'s words, best BM25 first (ties: the earlier)."""
     c = cache.config
-    far = sorted(set(range(len(cache.spans))) - retrieval_excluded(len(cache.spans), sink=c.sink_pages,
-                                                                     local=c.local_pages))
-    scores = lexical_scores(cache, far, query, codec)
+    scores = lexical_scores(cache, far_pages(len(cache.spans), sink=c.sink_pages, local=c.local_pages), query, codec)
     return sorted(scores, key=lambda p: (-scores[p], p))
 
 
