@@ -303,7 +303,12 @@ class Runner:
             hit = bool(set(pages) & set(item.answer_pages(ps)))
             return plain_answer(lm, frame + ids + q_ids, max_new), {"pages": pages, "answer_page_selected": hit}
         if system in ("full", "truncation"):
-            return self.prefix(system, w).answer(q_ids, max_new), {}
+            plain = self.prefix(system, w)  # the document prefilled once per window, not timed here
+            t0 = time.perf_counter()
+            out = plain.answer(q_ids, max_new)
+            t_answer = time.perf_counter() - t0  # the question's forward and the decode, as the budget rows time
+            return out, {"answer_s": round(t_answer, 2),
+                         "decode_ms_per_token": round(1000 * t_answer / max(1, len(out)), 1)}
         if system == "tiered":
             return self.tiered(item, q_ids, self.variant)
         if system == "signals":

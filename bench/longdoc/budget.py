@@ -183,7 +183,9 @@ def summaries(rows: list[dict], length: str, page_size: int, whole: bool = False
              "share": share(s, chosen, page_size)}
         if "evidence_layers" in mine[0]:
             d["evidence"] = f"{sum(r['evidence_layers'] for r in mine) / len(mine):.1f} of {mine[0]['layers']}"
-            d["decode_ms"] = sorted(r["decode_ms_per_token"] for r in mine)[len(mine) // 2]
+        timed = sorted(r["decode_ms_per_token"] for r in mine if "decode_ms_per_token" in r)
+        if len(timed) == len(mine):  # the plain model's rows are timed as the budget rows are (`full`)
+            d["decode_ms"] = timed[len(timed) // 2]
         out.append(d)
     return ids, out
 
@@ -196,15 +198,22 @@ def table(rows: list[dict], length: str, page_size: int, whole: bool = False) ->
                                  ("decode ms/token (median)", "decode_ms", "")])
 
 
-def label_heights(points: list[tuple[float, float]], gap: float) -> list[float]:
-    """The height of each point's label, for a plot with a log x axis: its y, raised where it would overlap the
-    label of a point at about the same x (within a quarter octave), so labels there are at least `gap` apart."""
+LEADER = {"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 0, "shrinkB": 3}  # a raised label's line
+
+
+def label_heights(points: list[tuple[float, float]], gap: float, span: float = 1.0) -> list[float]:
+    """The height of each point's label, for a plot with a log x axis: its y, raised where it would overlap
+    another label. A label runs `span` octaves right of its point; two labels whose runs overlap are kept at
+    least `gap` apart (the lower points placed first)."""
     order = sorted(range(len(points)), key=lambda i: (points[i][1], i))
-    out, last = [0.0] * len(points), {}
+    out, placed = [0.0] * len(points), []  # placed: (log2 x, height)
     for i in order:
-        x, y = points[i]
-        column = round(4 * math.log2(x))
-        out[i] = last[column] = max(y, last.get(column, -math.inf) + gap)
+        x, h = math.log2(points[i][0]), points[i][1]
+        near = [b for a, b in placed if abs(a - x) < span]
+        while any(abs(h - b) < gap - 1e-12 for b in near):
+            h = max(b for b in near if abs(h - b) < gap - 1e-12) + gap
+        out[i] = h
+        placed.append((x, h))
     return out
 
 
@@ -224,7 +233,8 @@ def plot(rows: list[dict], lengths: list[str], page_size: int, path) -> None:
         ids, shown = summaries(rows, length, page_size, whole=True)
         marked = [d for d in shown if d["share"] is not None and d["system"] in plotted]
         label_at = dict(zip((d["system"] for d in marked),
-                            label_heights([(d["share"], d["accuracy"]) for d in marked], gap=0.022)))
+                            label_heights([(d["share"], d["accuracy"]) for d in marked], gap=0.022,
+                                          span=1.2)))
         for d in shown:
             if d["system"] == "ceiling":
                 ax.axhline(d["accuracy"], ls="--", lw=1, color="grey")
@@ -234,8 +244,9 @@ def plot(rows: list[dict], lengths: list[str], page_size: int, path) -> None:
                 continue
             at = (d["share"], d["accuracy"])
             ax.scatter([at[0]], [at[1]], color=colour[d["system"]])
-            ax.annotate(f"{d['system']} {d['correct']}", at, xytext=(at[0] * 1.07, label_at[d["system"]]),
-                        textcoords="data", fontsize=8, va="center")
+            h = label_at[d["system"]]
+            ax.annotate(f"{d['system']} {d['correct']}", at, xytext=(at[0] * 1.07, h), textcoords="data", fontsize=8,
+                        va="center", arrowprops=LEADER if h - at[1] > 0.03 else None)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0%}"))
         ax.xaxis.set_minor_formatter(NullFormatter())

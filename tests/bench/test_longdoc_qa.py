@@ -77,3 +77,24 @@ def test_the_budget_table_over_every_question_keeps_only_the_systems_that_answer
 def test_labels_of_points_at_about_one_share_do_not_overlap():
     points = [(0.25, 0.0), (0.26, 0.01), (0.25, 0.2), (0.125, 0.01), (0.25, 0.0)]
     assert budget.label_heights(points, gap=0.02) == [0.0, 0.04, 0.2, 0.01, 0.02]
+
+
+def test_the_plain_models_decode_time_stands_beside_the_budgets_only_where_every_row_was_timed():
+    def row(system, qid, **extra):
+        return {"length": "8k", "system": system, "id": qid, "correct": False, **extra}
+    budget_row = {"pages_per_head": 16, "document_pages": 64, "evidence_layers": 3, "layers": 30}
+    rows = [row("full", "q1", decode_ms_per_token=40.0), row("full", "q2", decode_ms_per_token=60.0),
+            row("ws25", "q1", **budget_row, decode_ms_per_token=30.0),
+            row("ws25", "q2", **budget_row, decode_ms_per_token=50.0)]
+    _, summary = budget.summaries(rows, "8k", 128)
+    assert {d["system"]: d.get("decode_ms") for d in summary} == {"full": 60.0, "ws25": 50.0}
+    del rows[1]["decode_ms_per_token"]  # a row of an earlier run, untimed: no median of the others
+    _, summary = budget.summaries(rows, "8k", 128)
+    assert {d["system"]: d.get("decode_ms") for d in summary} == {"full": None, "ws25": 50.0}
+
+
+def test_a_label_is_raised_where_its_text_would_run_into_a_neighbours_to_its_right():
+    # 19% and 25% are 0.4 octaves apart: within a label's run, so the second is raised; 6% and 100% are not
+    assert budget.label_heights([(0.19, 0.08), (0.25, 0.08)], gap=0.02, span=1.2) == [0.08, 0.1]
+    assert budget.label_heights([(0.19, 0.08), (0.25, 0.08)], gap=0.02, span=0.3) == [0.08, 0.08]
+    assert budget.label_heights([(0.0625, 0.3), (1.0, 0.3)], gap=0.02, span=1.2) == [0.3, 0.3]

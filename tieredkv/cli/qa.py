@@ -241,13 +241,15 @@ def register(sub) -> None:
     p.add_argument("--sink-pages", type=nonneg_int, default=1)
     p.add_argument("--local-pages", type=positive_int, default=16)
     p.add_argument("--topk-pages", type=positive_int,
-                   help="per KV head (default: 16 under --position own, 8 under fixed)")
+                   help="per KV head (default: 8 where the question reads its passage or the document is "
+                        "short, else 16 under --position own and 8 under fixed)")
     p.add_argument("--position", choices=("auto", "own", "fixed"), default="auto",
                    help="auto: own positions when the context fits the model's window, else fixed distance; own "
                         "without a --read flag: the whole document attended at own positions (exact)")
     p.add_argument("--retrieval", choices=RETRIEVAL_MODES,
                    help="whom a KV head's top-k pages serve: every head (union) or itself (per_head: a working set "
-                        "of fixed size); default per_head for a document read with the lexical signal, else union")
+                        "of fixed size); default per_head for a document read with the lexical signal or a short one, "
+                        "else union")
     r = p.add_argument_group(f"question-time reading (contexts over {READ_INSIDE_FROM:,} tokens; "
                              "tieredkv/question/reading.py)")
     r.add_argument("--read-passages", type=nonneg_int,
