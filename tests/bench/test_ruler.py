@@ -46,3 +46,28 @@ def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         ruler.main(["--out", "/dev/null", *argv])
     assert "error" in capsys.readouterr().err
+
+
+def test_beyond_the_window_the_reading_the_stored_pages_and_the_baselines_answer(tmp_path, lm):  # noqa: ARG001
+    out = tmp_path / "ruler.json"
+    assert ruler.main(["--model", "tiny-llama", "--contexts", "16000", "--tasks", "passkey", "--seeds", "1",
+                       "--systems", "qa,attend,truncation,bm25", "--out", str(out)]) == 0
+    rows = {r["system"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"qa", "attend", "truncation", "bm25"}
+    assert rows["qa"]["position"] == rows["attend"]["position"] == "fixed"  # past tiny-llama's 8,192 tokens
+    assert rows["qa"]["read_pages"] and rows["attend"]["evidence_retrieved"] is not None
+    assert rows["qa"]["device_bytes"] == rows["attend"]["device_bytes"]  # one ingest, one working set
+    assert len({r["input_sha256"] for r in rows.values()}) == 1
+    evidence = set(rows["bm25"]["evidence_pages"])
+    assert len(rows["bm25"]["pages"]) == ruler.BM25_PAGES
+    assert rows["bm25"]["evidence_read"] == bool(evidence & set(rows["bm25"]["pages"]))
+    # the needle sits at depth 0.25: the document's last 8K tokens (less the question) do not reach it
+    assert rows["truncation"]["evidence_read"] is False
+    assert "| 16,000 | qa |" in ruler.table(list(rows.values()))
+
+
+def test_own_position_systems_are_refused_beyond_the_window(tmp_path, capsys, lm):  # noqa: ARG001
+    with pytest.raises(SystemExit):
+        ruler.main(["--model", "tiny-llama", "--contexts", "9000", "--tasks", "passkey", "--seeds", "1",
+                    "--systems", "qa,ws25", "--out", str(tmp_path / "r.json")])
+    assert "attend at own positions" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
