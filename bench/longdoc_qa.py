@@ -47,12 +47,12 @@ from pathlib import Path
 import torch
 
 from bench.corpora import QUESTION_SETS
+from bench.lib.common import BM25_PAGES, bm25_pages
 from bench.lib.report import environment, read_run, sha256_ids, write_run
 from bench.longdoc.budget import BUDGET_SYSTEMS
 from bench.longdoc.budget import answer as budget_answer
 from bench.longdoc.recipe import block as recheck_block
 from bench.longdoc.recipe import domain, print_rerun
-from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
@@ -72,7 +72,6 @@ FORCED = {"tiered-read": "read", "tiered-read-page": "read:run_pages=1,second_at
 # "signals" answers nothing: it ranks the document's pages for the question by each signal the reading
 # could use, and records where the answer page lands (rank 1 = first).
 CEILING_TOKENS = 512
-BM25_PAGES = 6
 
 
 def norm(s: str) -> str:
@@ -201,14 +200,6 @@ def until_eos(lm, ids: list[int]) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- systems
-def bm25_pages(lm, w: Window, question: str, page_size: int, k: int) -> list[int]:
-    """Top-k content pages of the window document by BM25 of the question, in document order."""
-    pages = [w.doc_ids[i:i + page_size] for i in range(0, len(w.doc_ids), page_size)]
-    scores = bm25_scores([lm.codec.decode(p) for p in pages], question)
-    best = sorted(range(len(pages)), key=lambda i: (-scores[i], i))[:k]
-    return sorted(best)
-
-
 def parse_variant(spec: str) -> dict:
     """TieredConfig fields of the tiered system: "default" (what `tieredkv qa` runs), "reencode=N",
     "none" (no question-time step: attention over the stored pages), "none:lexical" (the stored pages chosen
@@ -296,7 +287,7 @@ class Runner:
             return plain_answer(lm, frame + w.doc_ids[lo:hi] + q_ids, max_new), {"passage_tokens": [lo, hi]}
         if system == "bm25":
             ps = self.a.page_size
-            pages = bm25_pages(lm, w, item.q["question"], ps, BM25_PAGES)
+            pages = bm25_pages(lm.codec, w.doc_ids, item.q["question"], ps)
             ids = [t for p in pages for t in w.doc_ids[p * ps:(p + 1) * ps]]
             if pages and pages[0] == 0:
                 ids = ids[w.prefix_len:]

@@ -43,10 +43,9 @@ from pathlib import Path
 import torch
 
 from bench.corpora.tasks import SUITE
-from bench.lib.common import markdown_table
+from bench.lib.common import bm25_pages, markdown_table
 from bench.lib.report import environment, print_recheck, recheck_block, write_report
 from bench.longdoc.budget import BUDGET_SYSTEMS, LEADER, budget_config, label_heights, run_budget
-from index.lexical import bm25_scores
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
 from tieredkv.engine.tiered_model import TieredModel, working_set_bytes
@@ -56,7 +55,6 @@ from tieredkv.question.qa import frame_tokens, open_document, qa_config
 
 ANY_LENGTH = ("qa", "attend", "truncation", "bm25")  # the systems that run beyond the model's window
 SYSTEMS = ("full", *ANY_LENGTH, *BUDGET_SYSTEMS)
-BM25_PAGES = 6  # as bench/longdoc_qa.py's bm25
 DEPTHS = (0.25, 0.5, 0.75)  # the first needle's depth, by seed
 
 
@@ -119,10 +117,8 @@ def baseline_ids(lm, task, system: str) -> tuple[list[int], dict]:
         start = max(frame, len(doc) - room)
         kept = set(range(start // ps, -(-len(doc) // ps)))
         return doc[:frame] + doc[start:], {"evidence_read": bool(evidence & kept)}
-    pages = [doc[i:i + ps] for i in range(0, len(doc), ps)]
-    scores = bm25_scores([lm.codec.decode(p) for p in pages], lm.codec.decode(task.question_ids))
-    best = sorted(sorted(range(len(pages)), key=lambda i: (-scores[i], i))[:BM25_PAGES])
-    ids = [t for i in best for t in (pages[i][frame:] if i == 0 else pages[i])]
+    best = bm25_pages(lm.codec, doc, lm.codec.decode(task.question_ids), ps)
+    ids = [t for i in best for t in doc[i * ps + (frame if i == 0 else 0):(i + 1) * ps]]
     return doc[:frame] + ids, {"pages": best, "evidence_read": bool(evidence & set(best))}
 
 

@@ -147,3 +147,15 @@ def retrieval_kwargs(ap, a) -> dict[str, Any]:
     if a.union_pages is not None and a.retrieval != "union":
         ap.error("--union-pages caps --retrieval union only")
     return {"retrieval": a.retrieval, "union_pages": a.union_pages}
+
+
+BM25_PAGES = 6  # the bm25 baseline's pages (bench/longdoc_qa.py, bench/ruler.py)
+
+
+def bm25_pages(codec, doc_ids: Sequence[int], question: str, page_size: int, k: int = BM25_PAGES) -> list[int]:
+    """The bm25 baseline's choice: the document's top-k pages by BM25 of the question, in document order."""
+    from index.lexical import bm25_scores
+
+    pages = [doc_ids[i:i + page_size] for i in range(0, len(doc_ids), page_size)]
+    scores = bm25_scores([codec.decode(list(p)) for p in pages], question)
+    return sorted(sorted(range(len(pages)), key=lambda i: (-scores[i], i))[:k])

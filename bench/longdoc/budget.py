@@ -210,8 +210,8 @@ def label_heights(points: list[tuple[float, float]], gap: float, span: float = 1
     for i in order:
         x, h = math.log2(points[i][0]), points[i][1]
         near = [b for a, b in placed if abs(a - x) < span]
-        while any(abs(h - b) < gap - 1e-12 for b in near):
-            h = max(b for b in near if abs(h - b) < gap - 1e-12) + gap
+        while close := [b for b in near if abs(h - b) < gap - 1e-12]:  # 1e-12: sums of `gap` land on it exactly
+            h = max(close) + gap
         out[i] = h
         placed.append((x, h))
     return out

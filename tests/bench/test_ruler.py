@@ -7,6 +7,7 @@ import json
 import pytest
 
 from bench import ruler
+from bench.lib.common import BM25_PAGES
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_beyond_the_window_the_reading_the_stored_pages_and_the_baselines_answer
     assert rows["qa"]["device_bytes"] == rows["attend"]["device_bytes"]  # one ingest, one working set
     assert len({r["input_sha256"] for r in rows.values()}) == 1
     evidence = set(rows["bm25"]["evidence_pages"])
-    assert len(rows["bm25"]["pages"]) == ruler.BM25_PAGES
+    assert len(rows["bm25"]["pages"]) == BM25_PAGES
     assert rows["bm25"]["evidence_read"] == bool(evidence & set(rows["bm25"]["pages"]))
     # the needle sits at depth 0.25: the document's last 8K tokens (less the question) do not reach it
     assert rows["truncation"]["evidence_read"] is False
