@@ -48,7 +48,7 @@ import torch
 
 from bench.corpora import QUESTION_SETS
 from bench.lib.common import BM25_PAGES, bm25_pages
-from bench.lib.report import environment, read_run, sha256_ids, write_run
+from bench.lib.report import environment, read_run, recipe_with_domain, sha256_ids, write_run
 from bench.longdoc.budget import BUDGET_SYSTEMS
 from bench.longdoc.budget import answer as budget_answer
 from bench.longdoc.recipe import block as recheck_block
@@ -614,7 +614,7 @@ def main(argv=None) -> int:
     run_items(lm, runner, a, items, report, out)
     report["summary"] = summarize(rows)
     report["domain"] = domain(lm, a.page_size)
-    recipe = recheck_block(rows, info, a.question_set)
+    recipe = recipe_with_domain(recheck_block(rows, info, a.question_set), done, report["domain"])
     if recipe is not None:
         report["recheck"] = recipe
     write_run(out, "longdoc_qa", a.run, report)

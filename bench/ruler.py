@@ -44,7 +44,7 @@ import torch
 
 from bench.corpora.tasks import SUITE
 from bench.lib.common import bm25_pages, markdown_table
-from bench.lib.report import environment, print_recheck, recheck_block, write_report
+from bench.lib.report import environment, print_recheck, recheck_block, recipe_with_domain, write_report
 from bench.longdoc.budget import BUDGET_SYSTEMS, LEADER, budget_config, label_heights, run_budget
 from paging import PageStore, StoreConfig
 from tieredkv.artifacts.artifact import prefill
@@ -323,7 +323,8 @@ def main(argv=None) -> int:
         ap.error(f"--systems {','.join(own)} attend at own positions: give --contexts under the model's "
                  f"{window:,}-token window less 64, or only {', '.join(ANY_LENGTH)} beyond it")
     domain = determinism_domain(lm.model, lm.fingerprint, lm.default_page_size)
-    rows = json.loads(Path(a.out).read_text())["rows"] if a.resume and Path(a.out).exists() else []
+    earlier = json.loads(Path(a.out).read_text()) if a.resume and Path(a.out).exists() else None
+    rows = earlier["rows"] if earlier else []
     done = {(r["target_tokens"], r["task"], r["seed"], r["system"]) for r in rows}
     work, t0 = Path(tempfile.mkdtemp(prefix="tkv-ruler-")), time.perf_counter()
     try:
@@ -333,7 +334,8 @@ def main(argv=None) -> int:
                 write_report(a.out, {"bench": "ruler", "model": lm.name, "model_fingerprint": lm.fingerprint,
                                      "args": vars(a), "environment": environment(),
                                      "domain": domain, "rows": rows, "summary": summary(rows),
-                                     "seconds": round(time.perf_counter() - t0, 1), "recheck": recipe(a, rows)})
+                                     "seconds": round(time.perf_counter() - t0, 1),
+                                     "recheck": recipe_with_domain(recipe(a, rows), earlier, domain)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.recheck_only:

@@ -108,6 +108,20 @@ def recheck_block(module: str, args: list[str], outputs: dict[str, str], **extra
     return {"argv": ["python", "-m", module, *args], "outputs": outputs, **extra}
 
 
+def recipe_with_domain(block: dict[str, Any] | None, earlier: dict[str, Any] | None,
+                       current: dict[str, Any]) -> dict[str, Any] | None:
+    """`block` with the determinism domain its rows were made in (`tieredkv recheck` reads a block's own domain
+    before the report's). A resumed run that kept the recipe's rows (the same outputs as `earlier`'s recipe)
+    keeps the domain `earlier` recorded for them; else the rows are this run's, made in `current`. NOTE: a
+    report's top-level domain is its last writer's, which need not be the one the recipe's rows came from."""
+    if block is None:
+        return None
+    earlier = earlier or {}
+    before = earlier.get("recheck") or {}
+    kept = (before.get("domain") or earlier.get("domain")) if before.get("outputs") == block["outputs"] else None
+    return {**block, "domain": kept or current}
+
+
 def sha256_json(value: Any) -> str:
     """SHA-256 of `value` as sorted, compact JSON: a hash of counts and outcomes for a recheck block."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.lib.report import read_run, write_report, write_run
+from bench.lib.report import read_run, recheck_block, recipe_with_domain, write_report, write_run
 from tieredkv.provenance.report_runs import runs_of
 
 REPO = Path(__file__).resolve().parents[3]
@@ -52,3 +52,16 @@ def test_two_processes_writing_two_runs_at_once_keep_both(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", child, str(path), name], cwd=REPO) for name in ("x", "y")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     assert json.loads(path.read_text())["runs"] == {"x": {"i": 39}, "y": {"i": 39}}  # in either order
+
+
+def test_a_recipe_keeps_the_domain_its_rows_were_made_in_across_a_resumed_run():
+    amd, intel = {"cpu": "AMD EPYC", "num_threads": 2}, {"cpu": "Intel Xeon", "num_threads": 1}
+    block = recheck_block("bench.x", ["--recheck-only"], {"a output": "11"})
+    # the rows were made in an earlier run: its recipe's domain, else its report's, not the last writer's
+    earlier = {"domain": intel, "recheck": {**block, "domain": amd}}
+    assert recipe_with_domain(block, earlier, intel)["domain"] == amd
+    assert recipe_with_domain(block, {"domain": amd, "recheck": block}, intel)["domain"] == amd
+    # this run made them (other outputs), or there is no earlier report: this run's domain
+    assert recipe_with_domain({**block, "outputs": {"a output": "22"}}, earlier, intel)["domain"] == intel
+    assert recipe_with_domain(block, None, intel)["domain"] == intel
+    assert recipe_with_domain(None, earlier, intel) is None
