@@ -170,6 +170,21 @@ def mean_retrieved(log) -> float | None:
     return round(sum(map(len, log)) / len(log), 2) if log else None
 
 
+def kept_from_step_before(log, num_layers: int) -> float | None:
+    """The mean share of a layer's retrieved pages that it retrieved at the step before too, over decode steps
+    whose forwards each logged one retrieval per full-attention layer (`log`: those retrievals in order, layer by
+    layer within a step; a list or the cache's deque); None when there are not two steps of them. What a step
+    copies grows with 1 - this."""
+    log = list(log)
+    if num_layers < 1 or len(log) < 2 * num_layers or len(log) % num_layers:
+        return None
+    shares = []
+    for layer in range(num_layers):
+        steps = [set(found) for found in log[layer::num_layers]]
+        shares += [len(now & before) / len(now) for before, now in zip(steps, steps[1:]) if now]
+    return round(sum(shares) / len(shares), 3) if shares else None
+
+
 class PairContext:
     """A second context in a store of its own (as a user with an 8K context has), ingested to `n` tokens
     of other text (the corpus shifted by one token), that ingests a chunk after each of the main context's
@@ -245,6 +260,8 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         refs = ([ref.decode_step(ref_n)] if ref_n is not None else []) + ([greedy_step(dpair.tm)] if dpair else [])
         ms, out, ref_ms, search = timed_decode(tm, decode_tokens, refs)
         decode_retrieved = mean_retrieved(tm.cache.retrieval_log)
+        decode_kept = kept_from_step_before(tm.cache.retrieval_log,
+                                            sum(1 for layer in tm.cache.layers if not layer.is_sliding))
         st = store.stats()
         buffers = sum(layer.buffer.nbytes for layer in tm.cache.layers if layer.buffer is not None)
         window = n - window_start
@@ -263,6 +280,7 @@ def tiered_rows(lm, ids, contexts, cfg, store_dir, decode_tokens, log, host_budg
         row["lmdb_reads"] = st["integrity"]["verified_reads"]  # pages read from LMDB (verified), so far
         # retrieved far pages per full-attention layer and forward (the union over KV heads); None: no retrieval
         row["decode_retrieved_pages_mean"] = decode_retrieved
+        row["decode_retrieved_kept_from_step_before"] = decode_kept
         row.update(search)
         if window:
             row.update({"ingest_window_tokens": window, "ingest_window_tokens_per_s": window / win_s,
@@ -495,8 +513,9 @@ def search_checks(tiered: list[dict]) -> dict:
 
 def print_table(rows: list[dict], checks: dict) -> None:
     print("\n| system | context | device bytes | host RSS | disk | decode ms/tok | search ms/step (flat scan) "
-          "| recall | plain ref ms/tok (context) | ingest tok/s (cumulative) | ingest tok/s (window) |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "| recall | retrieved pages kept from the step before | plain ref ms/tok (context) "
+          "| ingest tok/s (cumulative) | ingest tok/s (window) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "context_tokens" in r:
             refd = (f"{r['plain_ref_decode_ms_per_token']:.1f} ({r['plain_ref_context']:,})"
@@ -504,9 +523,10 @@ def print_table(rows: list[dict], checks: dict) -> None:
             search = (f"{r['search_ms_per_step']:.2f} ({r['search_flat_ms_per_step']:.2f})"
                       if "search_ms_per_step" in r else "-")
             recall = f"{r['search_recall']:.3f}" if r.get("search_recall") is not None else "-"
+            kept = r.get("decode_retrieved_kept_from_step_before")
             print(f"| {r['system']} | {r['context_tokens']:,} | {r['device_bytes']/2**20:.1f} MiB | "
                   f"{r['host_rss_bytes']/2**30:.2f} GiB | {r['disk_bytes']/2**30:.2f} GiB | "
-                  f"{r['decode_ms_per_token']:.2f} | {search} | {recall} | {refd} | "
+                  f"{r['decode_ms_per_token']:.2f} | {search} | {recall} | {'-' if kept is None else kept} | {refd} | "
                   f"{r.get('ingest_tokens_per_s', 0):.1f} | {r.get('ingest_window_tokens_per_s', 0):.1f} |")
     print(f"\nchecks: {checks}")
 
